@@ -1,0 +1,39 @@
+"""residual-fairseq: the ResiDual transformer (Xie et al., 2023) as a fairseq plugin.
+
+torch is deliberately *not* pinned here: pip keeps whatever torch the user already
+has. On a machine without torch, install one first (see README: Install).
+"""
+from setuptools import find_packages, setup
+
+# ve-fairseq ships ready-made wheels of upstream fairseq for CPython 3.11/3.12 on
+# Linux x86_64; everywhere else fairseq-fixed builds the same code from source.
+WHEEL_PLATFORM = (
+    "platform_system == 'Linux' and platform_machine == 'x86_64'"
+    " and python_version >= '3.11' and python_version < '3.13'"
+)
+
+setup(
+    name="residual-fairseq",
+    version="0.1.0",
+    description="ResiDual (Pre-Post-LN) transformer as a fairseq plugin",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.9",
+    packages=find_packages(include=["residual_fairseq", "residual_fairseq.*"]),
+    include_package_data=True,
+    package_data={"residual_fairseq": ["configs/*.yaml", "configs/**/*.yaml"]},
+    install_requires=[
+        f"ve-fairseq==0.12.3; {WHEEL_PLATFORM}",
+        f"fairseq-fixed==0.12.3.1; not ({WHEEL_PLATFORM})",
+        "numpy",
+        "sacrebleu>=2.0",
+        "sacremoses",
+        "sentencepiece",
+        "subword-nmt",
+        "matplotlib",
+        "tqdm",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": []},
+)
