@@ -35,5 +35,9 @@ setup(
         "tqdm",
     ],
     extras_require={"test": ["pytest"]},
-    entry_points={"console_scripts": []},
+    entry_points={
+        "console_scripts": [
+            "residual-fairseq-prepare = residual_fairseq.data.cli:main",
+        ]
+    },
 )
