@@ -1,0 +1,144 @@
+"""The ResiDual model computes exactly the formula of the paper.
+
+The reference below re-composes the model's own submodules (attention, FFN, norms)
+by the equations, written out independently of the plugin's code path:
+
+    x_{k+1} = LN_k(x_k + F_k(x_k));  d_{k+1} = d_k + s F_k(x_k);  d_0 = s x_0
+    y = x_N + LN_final(d_N)
+"""
+import pytest
+import torch
+
+from residual_fairseq.variants import build_model
+
+SMALL = dict(
+    encoder_embed_dim=32, encoder_ffn_embed_dim=48, encoder_attention_heads=4,
+    decoder_embed_dim=32, decoder_ffn_embed_dim=48, decoder_attention_heads=4,
+    encoder_layers=3, decoder_layers=3,
+)
+
+
+def ffn(layer, x):
+    return layer.fc2(layer.activation_fn(layer.fc1(x)))
+
+
+def reference_encoder(encoder, src_tokens, s):
+    pad = src_tokens.eq(encoder.padding_idx)
+    x, _ = encoder.forward_embedding(src_tokens)
+    x = (x * (~pad).unsqueeze(-1).type_as(x)).transpose(0, 1)
+    d = s * x
+    for layer in encoder.layers:
+        f = layer.self_attn(query=x, key=x, value=x, key_padding_mask=pad)[0]
+        d, x = d + s * f, layer.self_attn_layer_norm(x + f)
+        f = ffn(layer, x)
+        d, x = d + s * f, layer.final_layer_norm(x + f)
+    return x + encoder.layer_norm.norm(d)
+
+
+def reference_decoder_features(decoder, prev_tokens, enc_out, enc_pad, s):
+    t = prev_tokens.size(1)
+    x = decoder.embed_scale * decoder.embed_tokens(prev_tokens) + decoder.embed_positions(prev_tokens)
+    x = x.transpose(0, 1)
+    causal = torch.triu(torch.full((t, t), float("-inf")), 1)
+    self_pad = prev_tokens.eq(decoder.padding_idx)
+    d = s * x
+    for layer in decoder.layers:
+        f = layer.self_attn(query=x, key=x, value=x, key_padding_mask=self_pad, attn_mask=causal)[0]
+        d, x = d + s * f, layer.self_attn_layer_norm(x + f)
+        f = layer.encoder_attn(query=x, key=enc_out, value=enc_out, key_padding_mask=enc_pad, static_kv=True)[0]
+        d, x = d + s * f, layer.encoder_attn_layer_norm(x + f)
+        f = ffn(layer, x)
+        d, x = d + s * f, layer.final_layer_norm(x + f)
+    return (x + decoder.layer_norm.norm(d)).transpose(0, 1)
+
+
+def random_batch(model, bsz=3, src_len=7, tgt_len=5):
+    torch.manual_seed(1)
+    vocab = len(model.encoder.dictionary)
+    pad = model.encoder.padding_idx
+    src = torch.randint(4, vocab, (bsz, src_len))
+    src[1, :3] = pad  # left-padded source, as fairseq batches it
+    prev = torch.randint(4, vocab, (bsz, tgt_len))
+    prev[2, -2:] = pad
+    return src, (src != pad).sum(1), prev
+
+
+def randomise_norms(model):
+    # Fresh LayerNorms are the identity affine map; random ones catch a swapped norm.
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.normal_(0, 0.1)
+
+
+@pytest.mark.parametrize("s_enc,s_dec", [(1.0, 1.0), (0.05, 0.3)])
+def test_encoder_and_decoder_match_reference(s_enc, s_dec):
+    model = build_model("resi_dual", dual_scale_encoder=s_enc, dual_scale_decoder=s_dec, **SMALL)
+    randomise_norms(model)
+    model.eval()
+    src, lengths, prev = random_batch(model)
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lengths)
+        expected_enc = reference_encoder(model.encoder, src, s_enc)
+        torch.testing.assert_close(enc["encoder_out"][0], expected_enc, rtol=1e-5, atol=1e-5)
+
+        features, _ = model.decoder(prev, encoder_out=enc, features_only=True)
+        expected = reference_decoder_features(
+            model.decoder, prev, expected_enc, src.eq(model.encoder.padding_idx), s_dec
+        )
+        torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-5)
+        logits, _ = model(src, lengths, prev)
+        torch.testing.assert_close(logits, model.decoder.output_layer(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_detects_a_missing_dual_stream_term():
+    """Guard against a vacuous reference: dropping one sublayer's dual add changes the output."""
+    model = build_model("resi_dual", dual_scale_encoder=0.5, **SMALL)
+    randomise_norms(model)
+    model.eval()
+    src, lengths, _ = random_batch(model)
+    calls = []
+    original_add = model.encoder.dual_stream.add
+
+    def add_skipping_second_call(f):
+        calls.append(1)
+        if len(calls) != 2:
+            original_add(f)
+
+    model.encoder.dual_stream.add = add_skipping_second_call
+    with torch.no_grad():
+        out = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+    assert len(calls) == 2 * len(model.encoder.layers)
+    assert not torch.allclose(out, reference_encoder(model.encoder, src, 0.5), atol=1e-4)
+
+
+def test_output_is_main_stream_plus_normalised_dual_stream():
+    """Zeroing LN_final's gain leaves exactly the Post-LN main stream x_N (plus LN bias)."""
+    model = build_model("resi_dual", **SMALL)
+    post_ln = build_model("post_ln", **SMALL)
+    post_ln.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if ".layer_norm.norm." not in k}
+    )
+    model.encoder.layer_norm.norm.weight.data.zero_()
+    model.encoder.layer_norm.norm.bias.data.zero_()
+    model.eval(), post_ln.eval()
+    src, lengths, _ = random_batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.encoder(src, src_lengths=lengths)["encoder_out"][0],
+            post_ln.encoder(src, src_lengths=lengths)["encoder_out"][0],
+        )
+
+
+def test_dual_scale_changes_only_the_dual_stream_magnitude():
+    """LN_final is scale invariant, so s changes the output only through LN's epsilon."""
+    a = build_model("resi_dual", dual_scale_encoder=1.0, **SMALL)
+    b = build_model("resi_dual", dual_scale_encoder=0.1, **SMALL)
+    b.load_state_dict(a.state_dict())
+    a.eval(), b.eval()
+    src, lengths, _ = random_batch(a)
+    with torch.no_grad():
+        out_a = a.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        out_b = b.encoder(src, src_lengths=lengths)["encoder_out"][0]
+    torch.testing.assert_close(out_a, out_b, rtol=1e-3, atol=1e-3)
