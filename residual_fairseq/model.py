@@ -34,9 +34,10 @@ from fairseq.modules.transformer_layer import (
 )
 
 from .dual_stream import DualStream, DualStreamLayerMixin, DualStreamOutput
+from .errors import UserError
 
 
-class ResiDualConfigError(ValueError):
+class ResiDualConfigError(UserError, ValueError):
     """A ResiDual model option that cannot be honoured."""
 
 

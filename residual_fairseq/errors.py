@@ -1,0 +1,28 @@
+"""One error type for everything a user can get wrong, and the CLI wrapper for it.
+
+Every command of the project turns a :class:`UserError` into one line on stderr,
+``error: <message>``, and exit status 2: no traceback wall for bad input.
+"""
+import functools
+import sys
+
+
+class UserError(Exception):
+    """Bad input or options; the message says what, in one line."""
+
+
+def cli_main(main):
+    """Decorate a ``main(argv=None)`` so that user errors end it cleanly."""
+
+    @functools.wraps(main)
+    def wrapper(argv=None):
+        try:
+            return main(argv)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            sys.exit(130)
+
+    return wrapper

@@ -1,0 +1,63 @@
+"""Small shared helpers for the tests: a generated toy corpus and CLI runners."""
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "residual_fairseq")
+
+# Keep fairseq's CLIs quiet and single-threaded enough for 2-core CI machines.
+CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def make_toy_corpus(directory, n_train=600, n_valid=40, n_test=40, seed=0):
+    """A learnable toy translation task: reverse the words and change their alphabet.
+
+    Writes {train,valid,test}.{src,tgt}; returns the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(30)]
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        with open(directory / f"{split}.src", "w") as src, open(directory / f"{split}.tgt", "w") as tgt:
+            for _ in range(n):
+                sent = [rng.choice(words) for _ in range(rng.randint(3, 8))]
+                src.write(" ".join(sent) + "\n")
+                tgt.write(" ".join(w.upper() for w in reversed(sent)) + "\n")
+    return directory
+
+
+def run(cmd, cwd=None, check=True, timeout=600, env=None):
+    """Run a command; on failure show its output in the assertion message."""
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env or CLI_ENV, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd[0]} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def fairseq_cli(name):
+    """The path of a fairseq console script installed beside this Python."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def preprocess(corpus_dir, dest):
+    run([
+        fairseq_cli("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", f"{corpus_dir}/train", "--validpref", f"{corpus_dir}/valid",
+        "--testpref", f"{corpus_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
+    ])
+    return Path(dest)
+
+
+TINY_TRAIN_ARGS = [
+    "--arch", "resi_dual_tiny", "--share-all-embeddings",
+    "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--max-tokens", "1200", "--num-workers", "0", "--cpu", "--seed", "1",
+    "--no-progress-bar", "--log-format", "simple", "--log-interval", "5",
+]
