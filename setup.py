@@ -38,6 +38,13 @@ setup(
     entry_points={
         "console_scripts": [
             "residual-fairseq-prepare = residual_fairseq.data.cli:main",
+            "residual-fairseq-train = residual_fairseq.train:main",
+            "residual-fairseq-evaluate = residual_fairseq.evaluate:main",
+            "residual-fairseq-average-checkpoints = residual_fairseq.average_checkpoints:main",
+            "residual-fairseq-reproduce = residual_fairseq.reproduce:main",
+            "residual-fairseq-translate = residual_fairseq.translate:main",
+            "residual-fairseq-analyze = residual_fairseq.analysis:main",
+            "residual-fairseq-benchmark = residual_fairseq.benchmark:main",
         ]
     },
 )
