@@ -1,0 +1,169 @@
+"""Fetching and unpacking source archives: resumable, verified, with progress bars.
+
+A download goes to ``<name>.part`` and is resumed with an HTTP Range request;
+only a complete (and, where a checksum is known, verified) file is renamed to
+its final name. Tests never reach the network: they hand local archives in
+through ``--from-archive``.
+"""
+import hashlib
+import os
+import shutil
+import socket
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from .errors import DataPreparationError
+
+DOWNLOAD_TIMEOUT_SECONDS = 60
+BLOCK_BYTES = 1 << 20
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(BLOCK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksum(path, expected_sha256):
+    if expected_sha256 and sha256_of(path) != expected_sha256:
+        raise DataPreparationError(
+            f"checksum mismatch for {path} (expected sha256 {expected_sha256}): delete it and download again"
+        )
+
+
+def download(urls, destination, expected_sha256=None, progress=True):
+    """Download the first URL of ``urls`` that works to ``destination``; returns the path.
+
+    An existing complete file is reused (after the checksum check). Network
+    failures fall through to the next URL; when all fail, the error names each.
+    """
+    destination = Path(destination)
+    if destination.is_file():
+        verify_checksum(destination, expected_sha256)
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for url in urls:
+        try:
+            _download_resumable(url, destination, progress)
+        except (urllib.error.URLError, socket.timeout, ConnectionError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            failures.append(f"{url} ({reason})")
+            continue
+        verify_checksum(destination, expected_sha256)
+        return destination
+    raise DataPreparationError(
+        "download failed: " + "; ".join(failures) + " -- fetch the file yourself and pass --from-archive PATH"
+    )
+
+
+def _download_resumable(url, destination, progress):
+    partial = destination.with_name(destination.name + ".part")
+    already = partial.stat().st_size if partial.exists() else 0
+    request = urllib.request.Request(url, headers={"User-Agent": "residual-fairseq-prepare"})
+    if already:
+        request.add_header("Range", f"bytes={already}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_SECONDS)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and already:  # range past the end: the .part file is already complete
+            partial.replace(destination)
+            return
+        raise
+    with response:
+        resumed = response.status == 206
+        if not resumed:
+            already = 0  # server ignored the Range header: start over
+        length = response.headers.get("Content-Length")
+        total = already + int(length) if length is not None else None
+        from tqdm import tqdm
+
+        with open(partial, "ab" if resumed else "wb") as out, tqdm(
+            total=total, initial=already, unit="B", unit_scale=True, desc=destination.name, disable=not progress
+        ) as bar:
+            for block in iter(lambda: response.read(BLOCK_BYTES), b""):
+                out.write(block)
+                bar.update(len(block))
+    received = partial.stat().st_size
+    if total is not None and received != total:
+        raise DataPreparationError(
+            f"truncated download of {url}: got {received} of {total} bytes; run again to resume"
+        )
+    partial.replace(destination)
+
+
+def extract_archive(archive, into):
+    """Unpack a .tgz/.tar/.zip archive into ``into``; a damaged archive is a one-line error."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise DataPreparationError(f"archive not found: {archive}")
+    into = Path(into)
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as bundle:
+                bundle.extractall(into)
+        else:
+            with tarfile.open(archive) as bundle:
+                bundle.extractall(into, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise DataPreparationError(
+            f"archive {archive} is corrupt or truncated ({type(exc).__name__}: {exc}); "
+            "delete it and download it again"
+        ) from None
+    return into
+
+
+ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip", ".tar.bz2", ".tbz2", ".tar.xz")
+
+
+def is_archive_name(path):
+    return str(path).endswith(ARCHIVE_SUFFIXES)
+
+
+def unpack_sources(paths, into):
+    """Make every source readable as plain files under one searchable list of roots.
+
+    Each path may be an archive (unpacked into ``into``) or a directory, whose
+    archives are unpacked too and whose plain files are used in place.
+    Returns the list of directories to search.
+    """
+    roots = []
+    for index, path in enumerate(paths):
+        path = Path(path)
+        if path.is_dir():
+            roots.append(path)
+            for inner in sorted(path.rglob("*")):
+                if inner.is_file() and is_archive_name(inner):
+                    roots.append(extract_archive(inner, Path(into) / f"{index}-{inner.name}.d"))
+        elif path.is_file():
+            roots.append(extract_archive(path, Path(into) / f"{index}-{path.name}.d"))
+        else:
+            raise DataPreparationError(f"archive or directory not found: {path}")
+    return roots
+
+
+def find_file(roots, name, description=None):
+    """The one file called ``name`` under any of ``roots`` (searched recursively)."""
+    for root in roots:
+        matches = sorted(Path(root).rglob(name))
+        matches = [match for match in matches if match.is_file()]
+        if matches:
+            return matches[0]
+    where = ", ".join(str(root) for root in roots)
+    raise DataPreparationError(f"{description or name} not found in {where}: the archive is incomplete or not the expected one")
+
+
+def default_download_dir():
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "residual-fairseq" / "downloads"
+
+
+def copy_file(source, destination):
+    Path(destination).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, destination)

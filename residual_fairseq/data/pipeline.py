@@ -1,0 +1,321 @@
+"""The shared preparation pipeline and its output directory contract.
+
+``prepare(options)`` runs a dataset recipe, then the shared tail: subword
+segmentation (learned or reused), late cleaning, language tags, text files and
+``fairseq-preprocess``. Everything is written into a staging directory beside
+the target and moved into place only when complete, with ``manifest.json``
+recording what was done. A re-run with the same settings finds the manifest and
+does nothing.
+
+Output layout::
+
+    OUT/manifest.json      what, from where, how, counts, skips, versions, checksums
+    OUT/prepare.log        the log of the run
+    OUT/tok/{split}.{lang} text before subwords (tokenized/cleaned as the recipe does)
+    OUT/{split}.{lang}     final text: subwords (and tags), what was binarized
+    OUT/bpe.codes | OUT/spm.model   the subword model
+    OUT/bin/               fairseq-preprocess output: pass it to fairseq-train
+"""
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from . import subword
+from .binarize import preprocess_arguments, run_fairseq_preprocess
+from .corpus import CorpusBuild
+from .datasets import recipe_for
+from .download import default_download_dir, sha256_of
+from .errors import DataPreparationError
+from .text import clean_corpus, map_lines
+from .textio import write_lines
+
+logger = logging.getLogger("residual_fairseq.data")
+
+MANIFEST_NAME = "manifest.json"
+LOG_NAME = "prepare.log"
+BINARY_DIR = "bin"
+TOKENIZED_DIR = "tok"
+MANIFEST_FORMAT = 1
+
+
+@dataclass
+class PreparedData:
+    """A finished preparation: its directory, fairseq data directory and manifest."""
+
+    out_dir: Path
+    manifest: dict
+    reused: bool = False  # True when an identical earlier preparation was found
+
+    @property
+    def bin_dir(self):
+        return self.out_dir / BINARY_DIR
+
+
+def prepare(options):
+    """Prepare ``options.dataset`` into ``options.out``; returns :class:`PreparedData`."""
+    recipe = recipe_for(options.dataset)
+    options = recipe.resolve(options)
+    if options.subword not in subword.METHODS:
+        raise DataPreparationError(f"unknown subword method {options.subword!r}; choose one of {', '.join(subword.METHODS)}")
+    options = apply_reuse(options)
+    if options.download_dir is None:
+        options = _replace(options, download_dir=default_download_dir())
+    settings = options.settings()
+    settings["inputs"] = input_fingerprints(options, recipe.input_files(options))
+    out_dir = Path(options.out).resolve()
+    finished = existing_preparation(out_dir, settings, options.force)
+    if finished:
+        logger.info("%s already holds this preparation (%s); nothing to do", out_dir, MANIFEST_NAME)
+        return finished
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    log_handler = logging.FileHandler(staging / LOG_NAME, encoding="utf-8")
+    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(log_handler)
+    try:
+        manifest = run_pipeline(recipe, options, settings, staging)
+        logger.removeHandler(log_handler)
+        log_handler.close()
+        manifest["files"] = file_records(staging)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        move_into_place(staging, out_dir)
+    except BaseException:
+        logger.removeHandler(log_handler)
+        log_handler.close()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("prepared %s in %s (fairseq data: %s)", options.dataset, out_dir, out_dir / BINARY_DIR)
+    return PreparedData(out_dir, manifest)
+
+
+def _replace(options, **changes):
+    from dataclasses import replace
+
+    return replace(options, **changes)
+
+
+# --- reuse of a trained model's subwords and dictionaries --------------------------------
+
+def apply_reuse(options):
+    """Fill --subword-model/--srcdict/--tgtdict from a previous output directory (``--reuse``)."""
+    if not options.reuse:
+        return _check_reused_files(options)
+    previous = Path(options.reuse)
+    manifest = read_manifest(previous)
+    if manifest is None:
+        raise DataPreparationError(f"--reuse {previous}: no {MANIFEST_NAME} there (not a prepared directory)")
+    model = manifest.get("subword", {}).get("model")
+    langs = manifest["source_lang"], manifest["target_lang"]
+    changes = dict(
+        subword_model=options.subword_model or (previous / model if model else None),
+        srcdict=options.srcdict or previous / BINARY_DIR / f"dict.{langs[0]}.txt",
+        tgtdict=options.tgtdict or previous / BINARY_DIR / f"dict.{langs[1]}.txt",
+    )
+    if not model:
+        changes["subword"] = "none"
+    return _check_reused_files(_replace(options, **changes))
+
+
+def _check_reused_files(options):
+    for path, what in ((options.subword_model, "subword model"), (options.srcdict, "--srcdict"),
+                       (options.tgtdict, "--tgtdict")):
+        if path is not None and not Path(path).is_file():
+            raise DataPreparationError(f"{what} not found: {path}")
+    if options.subword_model is not None:
+        method = subword.method_of_model_file(options.subword_model)
+        options = _replace(options, subword="bpe" if method == "bpe" else "spm", vocab_size=None)
+    return options
+
+
+def input_fingerprints(options, corpus_files):
+    """sha256 of local inputs (corpus files, reused model/dictionaries): a changed file makes a re-run real work."""
+    paths = list(corpus_files) + [options.subword_model, options.srcdict, options.tgtdict]
+    return {str(path): sha256_of(path) for path in paths if path is not None and Path(path).is_file()}
+
+
+# --- the output directory contract ---------------------------------------------------
+
+def read_manifest(directory):
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise DataPreparationError(f"{path} is not a readable manifest") from None
+
+
+def existing_preparation(out_dir, settings, force):
+    """The finished preparation in ``out_dir`` if it has exactly these settings; None if there is none.
+
+    A directory holding anything else is an error unless ``force`` (replace it).
+    """
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return None
+    if not out_dir.is_dir():
+        raise DataPreparationError(f"output path {out_dir} exists and is not a directory")
+    manifest = read_manifest(out_dir)
+    if manifest is not None and manifest.get("settings") == settings and files_intact(out_dir, manifest):
+        return PreparedData(out_dir, manifest, reused=True)
+    if force:
+        return None
+    if manifest is None:
+        reason = "holds other files (no manifest.json)"
+    elif manifest.get("settings") != settings:
+        reason = f"holds a different preparation ({manifest.get('dataset')}, other settings)"
+    else:
+        reason = "holds this preparation, but files are missing or changed"
+    raise DataPreparationError(f"output directory {out_dir} {reason}: choose another --out or pass --force to replace it")
+
+
+def files_intact(out_dir, manifest):
+    records = manifest.get("files") or {}
+    return bool(records) and all(
+        (out_dir / name).is_file() and (out_dir / name).stat().st_size == record["bytes"]
+        for name, record in records.items()
+    )
+
+
+def file_records(directory):
+    return {
+        str(path.relative_to(directory)): {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+        for path in sorted(Path(directory).rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def move_into_place(staging, out_dir):
+    """Swap the finished staging directory in; an old directory is removed only afterwards."""
+    retired = None
+    if out_dir.exists():
+        retired = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        out_dir.rename(retired)
+    staging.rename(out_dir)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+# --- the shared tail --------------------------------------------------------------------
+
+def run_pipeline(recipe, options, settings, staging):
+    work_dir = staging / "work"
+    work_dir.mkdir()
+    build = CorpusBuild(options.source_lang, options.target_lang)
+    logger.info("preparing %s (%s -> %s) with %d worker(s)", options.dataset, options.source_lang,
+                options.target_lang, options.workers)
+    recipe.build(options, work_dir, build)
+    splits = group_splits(build.parts)
+    if not splits.get("train") or not splits["train"][0]:
+        raise DataPreparationError("no training pairs left after reading and cleaning the input")
+    src, tgt = build.source_lang, build.target_lang
+    for split, (sources, targets) in splits.items():
+        write_lines(staging / TOKENIZED_DIR / f"{split}.{src}", sources)
+        write_lines(staging / TOKENIZED_DIR / f"{split}.{tgt}", targets)
+
+    encoder, subword_record = subword_encoder(options, build, staging, work_dir)
+    cleaning = recipe.cleaning(options)
+    for part in build.parts:
+        if encoder is not None:
+            part.source = map_lines(encoder, part.source, options.workers)
+            part.target = map_lines(encoder, part.target, options.workers)
+        if cleaning.stage == "after" and part.split in cleaning.splits:
+            part.source, part.target = clean_corpus(part.source, part.target, build.skips, cleaning.min_len,
+                                                    cleaning.max_len, cleaning.ratio)
+        if part.source_tag:
+            part.source = [f"{part.source_tag} {line}" for line in part.source]
+    if encoder is not None:
+        build.steps.append(f"all splits: {encoder.description}")
+    if cleaning.stage == "after":
+        build.steps.append(cleaning.describe())
+
+    splits = group_splits(build.parts)
+    for split, (sources, targets) in splits.items():
+        write_lines(staging / f"{split}.{src}", sources)
+        write_lines(staging / f"{split}.{tgt}", targets)
+    arguments = preprocess_arguments(src, tgt, staging, staging / BINARY_DIR, {name: name for name in splits},
+                                     options.joined_dictionary, options.srcdict, options.tgtdict, options.workers)
+    logger.info("binarizing with fairseq-preprocess")
+    run_fairseq_preprocess(arguments)
+    build.steps.append("fairseq-preprocess " + " ".join(_relative_arguments(arguments, staging)))
+    shutil.rmtree(work_dir)
+    skipped = build.skips.as_dict()
+    for reason, count in skipped.items():
+        logger.info("skipped %d pair(s): %s", count, reason)
+    return {
+        "format": MANIFEST_FORMAT,
+        "dataset": options.dataset,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source_lang": src,
+        "target_lang": tgt,
+        "settings": settings,
+        "sources": build.sources,
+        "steps": build.steps,
+        "subword": subword_record,
+        "splits": {split: {"pairs": len(sources), "parts": labels_of(build.parts, split)}
+                   for split, (sources, _) in splits.items()},
+        "skipped": skipped,
+        "binarized": BINARY_DIR,
+        "versions": library_versions(),
+    }
+
+
+def group_splits(parts):
+    """Concatenate parts per split, in first-seen order."""
+    splits = {}
+    for part in parts:
+        sources, targets = splits.setdefault(part.split, ([], []))
+        sources += part.source
+        targets += part.target
+    return splits
+
+
+def labels_of(parts, split):
+    return [part.label for part in parts if part.split == split]
+
+
+def subword_encoder(options, build, staging, work_dir):
+    """The line encoder to apply (None for --subword none) and its manifest record."""
+    if options.subword_model is not None:
+        model_name = subword.BPE_CODES_NAME if options.subword == "bpe" else f"{subword.SPM_MODEL_PREFIX}.model"
+        shutil.copyfile(options.subword_model, staging / model_name)
+        build.steps.append(f"subword model reused from {options.subword_model}")
+        return subword.encoder_for(staging / model_name), {
+            "method": options.subword, "model": model_name, "reused_from": str(options.subword_model)}
+    if options.subword == "none":
+        return None, {"method": "none", "model": None}
+    training_file = work_dir / "subword-train.txt"
+    with open(training_file, "w", encoding="utf-8") as handle:
+        for part in build.parts:
+            if part.split == "train":
+                for line in part.source + part.target:
+                    handle.write(line + "\n")
+    logger.info("learning %s subwords (%d)", options.subword, options.vocab_size)
+    model_path, description = subword.learn(options.subword, options.vocab_size, training_file, staging,
+                                            options.workers)
+    build.steps.append(description)
+    return subword.encoder_for(model_path), {
+        "method": options.subword, "model": model_path.name, "vocab_size": options.vocab_size}
+
+
+def _relative_arguments(arguments, staging):
+    return [argument.replace(str(staging) + os.sep, "") for argument in arguments]
+
+
+def library_versions():
+    versions = {"python": platform.python_version()}
+    for distribution in ("residual-fairseq", "ve-fairseq", "fairseq-fixed", "fairseq", "torch", "sacremoses",
+                         "subword-nmt", "sentencepiece", "numpy"):
+        try:
+            versions[distribution] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions

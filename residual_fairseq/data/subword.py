@@ -1,0 +1,110 @@
+"""Subword segmentation: subword-nmt BPE or sentencepiece (BPE / unigram).
+
+A method is learned once on the joint training text of both sides (joint
+vocabulary, as the fairseq scripts do) or reused from an existing model file, then
+applied line by line. Model files live in the output directory under a fixed name
+so that a later preparation can reuse them (``--reuse DIR``).
+"""
+from pathlib import Path
+
+from .errors import DataPreparationError
+from .text import _LazyStep
+
+METHODS = ("bpe", "spm-bpe", "spm-unigram", "none")
+BPE_CODES_NAME = "bpe.codes"
+SPM_MODEL_PREFIX = "spm"  # -> spm.model, spm.vocab
+# sentencepiece samples at most this many training lines (it holds them in memory).
+SPM_MAX_TRAINING_SENTENCES = 10_000_000
+
+
+class SubwordNmtEncode(_LazyStep):
+    def __init__(self, codes_path):
+        self.codes_path = str(codes_path)
+        self.description = f"subword-nmt apply-bpe -c {Path(codes_path).name}"
+
+    def build_helper(self):
+        from subword_nmt.apply_bpe import BPE
+
+        with open(self.codes_path, encoding="utf-8") as codes:
+            return BPE(codes)
+
+    def __call__(self, line):
+        return self.helper().process_line(line)
+
+
+class SentencePieceEncode(_LazyStep):
+    def __init__(self, model_path):
+        self.model_path = str(model_path)
+        self.description = f"sentencepiece encode --model {Path(model_path).name} (pieces joined by spaces)"
+
+    def build_helper(self):
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=self.model_path)
+
+    def __call__(self, line):
+        return " ".join(self.helper().encode(line, out_type=str))
+
+    def apply_to_chunk(self, lines):
+        return [" ".join(pieces) for pieces in self.helper().encode(list(lines), out_type=str)]
+
+
+def method_of_model_file(path):
+    """Guess the method of an existing model file: sentencepiece ``*.model`` or subword-nmt codes."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataPreparationError(f"subword model not found: {path}")
+    return "spm" if path.suffix == ".model" else "bpe"
+
+
+def encoder_for(model_path):
+    """The line encoder for an existing subword model file."""
+    if method_of_model_file(model_path) == "spm":
+        return SentencePieceEncode(model_path)
+    return SubwordNmtEncode(model_path)
+
+
+def learn(method, vocab_size, training_file, out_dir, workers=1, user_defined_symbols=()):
+    """Learn a subword model on ``training_file`` (both sides concatenated) into ``out_dir``.
+
+    ``vocab_size`` is the number of merges for subword-nmt (as the fairseq
+    scripts' BPE_TOKENS) and the vocabulary size for sentencepiece. Returns the
+    model path and a one-line description of what was run.
+    """
+    out_dir = Path(out_dir)
+    if method == "bpe":
+        from subword_nmt.learn_bpe import learn_bpe
+
+        codes_path = out_dir / BPE_CODES_NAME
+        with open(training_file, encoding="utf-8") as infile, open(codes_path, "w", encoding="utf-8") as outfile:
+            learn_bpe(infile, outfile, vocab_size, num_workers=workers)
+        return codes_path, f"subword-nmt learn-bpe -s {vocab_size} on train (both sides)"
+    if method in ("spm-bpe", "spm-unigram"):
+        import sentencepiece
+
+        model_type = method.split("-", 1)[1]
+        options = dict(
+            input=str(training_file),
+            model_prefix=str(out_dir / SPM_MODEL_PREFIX),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            input_sentence_size=SPM_MAX_TRAINING_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=max(1, workers),
+            # fairseq adds its own <pad>/<s>/</s>/<unk>; keep sentencepiece quiet.
+            minloglevel=2,
+        )
+        if user_defined_symbols:
+            options["user_defined_symbols"] = list(user_defined_symbols)
+        try:
+            sentencepiece.SentencePieceTrainer.train(**options)
+        except RuntimeError as exc:
+            message = str(exc).strip().splitlines()[-1]
+            raise DataPreparationError(f"sentencepiece could not learn a {vocab_size} vocabulary: {message}") from None
+        return (
+            out_dir / f"{SPM_MODEL_PREFIX}.model",
+            f"sentencepiece train --model_type {model_type} --vocab_size {vocab_size} "
+            f"--character_coverage 1.0 on train (both sides)",
+        )
+    raise DataPreparationError(f"unknown subword method {method!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,115 @@
+"""Reading and writing line-aligned text, with counted skips.
+
+Lines are read as bytes and decoded one by one, so a single bad byte costs one
+line (counted as ``non_utf8``) instead of the whole file.
+"""
+import gzip
+import io
+from pathlib import Path
+
+from .errors import DataPreparationError
+
+# A line that is not valid UTF-8 is represented by None until the pair it
+# belongs to is dropped; keeping the slot keeps the two sides aligned.
+UNDECODABLE = None
+
+
+def open_binary(path):
+    path = Path(path)
+    if not path.is_file():
+        raise DataPreparationError(f"input file not found: {path}")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def read_lines(path):
+    """All lines of a (possibly .gz) text file, newline-stripped; undecodable lines are None."""
+    lines = []
+    try:
+        with open_binary(path) as handle:
+            for raw in handle:
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError:
+                    lines.append(UNDECODABLE)
+    except (EOFError, OSError, gzip.BadGzipFile) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise DataPreparationError(f"input file not found: {path}") from None
+        raise DataPreparationError(f"cannot read {path}: corrupt or truncated ({exc})") from None
+    return lines
+
+
+def write_lines(path, lines):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with io.open(path, "w", encoding="utf-8", newline="\n") as handle:
+        for line in lines:
+            handle.write(line)
+            handle.write("\n")
+
+
+def count_lines(path):
+    with open(path, "rb") as handle:
+        return sum(1 for _ in handle)
+
+
+class SkipCounter:
+    """Counts dropped sentence pairs by reason; ends up in the manifest and log."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, reason, number=1):
+        if number:
+            self.counts[reason] = self.counts.get(reason, 0) + number
+
+    def as_dict(self):
+        return dict(sorted(self.counts.items()))
+
+
+def pair_up(source_lines, target_lines, skips, source_name="source", target_name="target", drop_empty=True):
+    """Zip two sides, requiring equal length; drop pairs with an undecodable (or empty) side.
+
+    Returns two aligned lists. Mismatched lengths are an error, never a skip:
+    they mean the files are not parallel and any pairing would be wrong.
+    ``drop_empty=False`` keeps empty pairs for a later clean-corpus-n step, so
+    that every-Nth-line splits see the original numbering.
+    """
+    if len(source_lines) != len(target_lines):
+        raise DataPreparationError(
+            f"line counts differ: {source_name} has {len(source_lines)} lines, "
+            f"{target_name} has {len(target_lines)}"
+        )
+    kept_source, kept_target = [], []
+    for src, tgt in zip(source_lines, target_lines):
+        if src is UNDECODABLE or tgt is UNDECODABLE:
+            skips.add("non_utf8")
+            continue
+        if drop_empty and (not src.strip() or not tgt.strip()):
+            skips.add("empty_line")
+            continue
+        kept_source.append(src)
+        kept_target.append(tgt)
+    return kept_source, kept_target
+
+
+def read_tsv_pairs(path, skips, source_column=0, target_column=1):
+    """Pairs from a TSV file; rows with too few columns are counted as ``bad_tsv_row``."""
+    sources, targets = [], []
+    for line in read_lines(path):
+        if line is UNDECODABLE:
+            sources.append(UNDECODABLE)
+            targets.append(UNDECODABLE)
+            continue
+        if not line.strip():
+            sources.append("")
+            targets.append("")
+            continue
+        fields = line.split("\t")
+        if len(fields) <= max(source_column, target_column):
+            skips.add("bad_tsv_row")
+            continue
+        sources.append(fields[source_column])
+        targets.append(fields[target_column])
+    return sources, targets
