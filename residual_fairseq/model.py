@@ -12,6 +12,7 @@ come from the classes below's fairseq parents. The overrides are:
   (as fairseq's ``transformer_legacy.py`` does) so that both ``fairseq-train --arch``
   and ``fairseq-hydra-train`` build it.
 """
+import argparse
 from dataclasses import dataclass, field
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -88,6 +89,17 @@ def validate(cfg: ResiDualConfig) -> None:
         )
 
 
+def _positive(number_type):
+    def parse(text):
+        value = number_type(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+
+    parse.__name__ = f"positive {number_type.__name__}"
+    return parse
+
+
 class ResiDualEncoderLayer(DualStreamLayerMixin, TransformerEncoderLayerBase):
     pass
 
@@ -143,6 +155,13 @@ class ResiDualModel(TransformerModel):
     def add_args(cls, parser):
         # No defaults here, so that the architecture presets below can fill them in.
         gen_parser_from_dataclass(parser, ResiDualConfig(), delete_default=True, with_prefix="")
+        # Check numbers while parsing, so a bad value is one argparse error line.
+        checks = {
+            "dual_scale_encoder": _positive(float), "dual_scale_decoder": _positive(float),
+            "encoder_layers": _positive(int), "decoder_layers": _positive(int),
+        }
+        for action in getattr(parser, "_group_actions", parser._actions):
+            action.type = checks.get(action.dest, action.type)
 
     @classmethod
     def build_model(cls, args, task):
