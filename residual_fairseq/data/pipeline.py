@@ -16,6 +16,7 @@ Output layout::
     OUT/bpe.codes | OUT/spm.model   the subword model
     OUT/bin/               fairseq-preprocess output: pass it to fairseq-train
 """
+import contextlib
 import datetime
 import json
 import logging
@@ -78,23 +79,35 @@ def prepare(options):
     staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    log_handler = logging.FileHandler(staging / LOG_NAME, encoding="utf-8")
-    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(log_handler)
     try:
-        manifest = run_pipeline(recipe, options, settings, staging)
-        logger.removeHandler(log_handler)
-        log_handler.close()
+        with log_file(staging / LOG_NAME):
+            manifest = run_pipeline(recipe, options, settings, staging)
         manifest["files"] = file_records(staging)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
         move_into_place(staging, out_dir)
     except BaseException:
-        logger.removeHandler(log_handler)
-        log_handler.close()
         shutil.rmtree(staging, ignore_errors=True)
         raise
     logger.info("prepared %s in %s (fairseq data: %s)", options.dataset, out_dir, out_dir / BINARY_DIR)
     return PreparedData(out_dir, manifest)
+
+
+@contextlib.contextmanager
+def log_file(path):
+    """Copy this package's INFO messages into ``path`` (OUT/prepare.log) while the block runs."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.setLevel(logging.INFO)
+    previous_level = logger.level
+    if previous_level == logging.NOTSET or previous_level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
+        handler.close()
 
 
 def _replace(options, **changes):
