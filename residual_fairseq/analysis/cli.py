@@ -1,0 +1,156 @@
+"""``residual-fairseq-analyze``: gradient vanishing and representation collapse, measured."""
+import argparse
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError, cli_main
+from ..variants import VARIANTS
+from .data import load_task, measurement_batches, training_batches
+from .models import fresh_model, load_checkpoint
+from .report import write_figures, write_tables
+from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
+
+EXAMPLE = """example (24-layer narrow models on the toy data, 300 updates):
+  residual-fairseq-analyze data-bin/sample-es-en --out analysis --layers 24 \\
+      --embed-dim 64 --ffn-dim 256 --heads 4 --train-steps 300 --measure-every 100
+"""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="residual-fairseq-analyze", description=__doc__, epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("data", help="fairseq-preprocess output dir (e.g. from residual-fairseq-prepare)")
+    p.add_argument("--out", required=True, help="output dir: analysis.json, *.csv, *.png")
+    p.add_argument("--source-lang")
+    p.add_argument("--target-lang")
+    g = p.add_argument_group("models")
+    g.add_argument("--variants", nargs="*", choices=VARIANTS, default=None,
+                   help="fresh models to build (default: all three, or none when --checkpoint is given)")
+    g.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
+                   help="also analyse a trained checkpoint under LABEL (repeatable); "
+                        "labels post_ln/pre_ln/resi_dual get those variants' colours")
+    g.add_argument("--preset", default="", help="fairseq architecture suffix the sizes start from, "
+                                                "e.g. iwslt_de_en (default: transformer base)")
+    g.add_argument("--layers", type=int, help="encoder and decoder layers")
+    g.add_argument("--encoder-layers", type=int)
+    g.add_argument("--decoder-layers", type=int)
+    g.add_argument("--embed-dim", type=int)
+    g.add_argument("--ffn-dim", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--dual-scale", type=float, help="ResiDual dual-stream scale s (default 1.0)")
+    g.add_argument("--seed", type=int, default=1, help="initialisation and batch-order seed")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--split", default="valid", help="split the measurement batches come from")
+    g.add_argument("--batches", type=int, default=4, help="measurement batches (the same ones every time)")
+    g.add_argument("--max-tokens", type=int, default=4096)
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g = p.add_argument_group("training (optional)")
+    g.add_argument("--train-steps", type=int, default=0, help="updates on the train split (default 0)")
+    g.add_argument("--measure-every", type=int, default=100)
+    g.add_argument("--lr", type=float, default=5e-4)
+    g.add_argument("--warmup-updates", type=int, default=4000)
+    g.add_argument("--clip-norm", type=float, default=0.0)
+    return p
+
+
+def parse_checkpoints(specs):
+    checkpoints = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise UserError(f"--checkpoint expects LABEL=PATH, got {spec!r}")
+        if label in checkpoints:
+            raise UserError(f"--checkpoint label {label!r} given twice")
+        checkpoints[label] = path
+    return checkpoints
+
+
+def check_args(args):
+    for name in ("layers", "encoder_layers", "decoder_layers", "embed_dim", "ffn_dim", "heads",
+                 "batches", "max_tokens", "measure_every"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.train_steps < 0:
+        raise UserError(f"--train-steps must be 0 or more, got {args.train_steps}")
+    if args.embed_dim and args.heads and args.embed_dim % args.heads:
+        raise UserError(f"--embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """A fresh temporary dir beside ``out``; refuses to overwrite anything but an old analysis."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "analysis.json").exists())):
+        raise UserError(f"--out {out} exists and is not an earlier analysis output; choose another dir")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Move the finished output into place; an old output is replaced, never mixed in."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / out.name)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+
+
+@cli_main
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    # importing fairseq leaves the root logger at DEBUG, which floods the
+    # terminal with matplotlib's font search.
+    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    check_args(args)
+    checkpoints = parse_checkpoints(args.checkpoint)
+    variants = args.variants if args.variants is not None else ([] if checkpoints else list(VARIANTS))
+    if not variants and not checkpoints:
+        raise UserError("nothing to analyse: give --variants and/or --checkpoint")
+    task = load_task(args.data, args.source_lang, args.target_lang)
+    probe_batches = measurement_batches(task, args.split, args.max_tokens, args.batches)
+    criterion = build_label_smoothed_criterion(task, args.label_smoothing)
+    settings = TrainingSettings(
+        steps=args.train_steps, measure_every=args.measure_every, lr=args.lr,
+        warmup_updates=args.warmup_updates, clip_norm=args.clip_norm, max_tokens=args.max_tokens,
+    )
+    sizes = dict(
+        encoder_layers=args.encoder_layers or args.layers, decoder_layers=args.decoder_layers or args.layers,
+        embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads, dropout=args.dropout,
+    )
+    models = {}
+    for variant in variants:
+        models[variant] = lambda v=variant: fresh_model(
+            v, task, seed=args.seed, preset=args.preset, dual_scale=args.dual_scale, **sizes)
+    for label, path in checkpoints.items():
+        if label in models:
+            raise UserError(f"label {label!r} names both a fresh variant and a checkpoint")
+        models[label] = lambda p=path: load_checkpoint(p, task)
+
+    out = Path(args.out)
+    tmp = prepare_out_dir(out)
+    try:
+        runs = []
+        for label, build in models.items():
+            print(f"analysing {label} ...", flush=True)
+            train_batches = training_batches(task, "train", args.max_tokens, args.seed) if args.train_steps else None
+            run = train_and_measure(label, build(), criterion, probe_batches, train_batches, settings)
+            if run.diverged_at is not None:
+                print(f"  {label}: loss turned non-finite at update {run.diverged_at}; kept what was measured")
+            runs.append(run)
+        record = {k: v for k, v in vars(args).items() if k != "out"}
+        write_tables(runs, record, tmp)
+        figures = write_figures(runs, tmp)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"wrote {out}/analysis.json, gradients.csv, similarity.csv, dual_stream.csv, training.csv, "
+          + ", ".join(figures))

@@ -1,0 +1,65 @@
+"""Real batches from a fairseq-binarized translation data dir, via fairseq's task API."""
+import argparse
+import itertools
+from dataclasses import fields
+from pathlib import Path
+
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..errors import UserError
+
+
+def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
+    """A :class:`TranslationTask` over ``data_dir`` (the output of fairseq-preprocess)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"data dir {data_dir} does not exist")
+    if not list(data_dir.glob("dict.*.txt")):
+        raise UserError(f"{data_dir} has no dict.*.txt: not a fairseq-preprocess output dir")
+    # TranslationConfig's own defaults, except the few it takes from other config
+    # groups by interpolation (which a plain namespace cannot resolve).
+    args = argparse.Namespace(**{f.name: f.default for f in fields(TranslationConfig)})
+    args.data = str(data_dir)
+    args.source_lang, args.target_lang = source_lang, target_lang
+    args.train_subset, args.dataset_impl, args.required_seq_len_multiple = "train", None, 1
+    try:
+        return TranslationTask.setup_task(args)
+    except Exception as err:  # fairseq raises bare Exceptions for unknown language pairs
+        raise UserError(f"cannot read {data_dir} as a translation data dir: {err}") from err
+
+
+def _iterator(task, split, max_tokens, seed, shuffle, epoch=1):
+    if split not in task.datasets:
+        try:
+            task.load_dataset(split)
+        except FileNotFoundError as err:
+            raise UserError(f"split {split!r} not found: {err}") from err
+    epoch_iter = task.get_batch_iterator(
+        task.dataset(split),
+        max_tokens=max_tokens,
+        max_positions=task.max_positions(),
+        ignore_invalid_inputs=True,
+        seed=seed,
+        num_workers=0,  # worker processes cost seconds here and gain nothing
+        epoch=epoch,
+    )
+    return epoch_iter.next_epoch_itr(shuffle=shuffle)
+
+
+def measurement_batches(task, split="valid", max_tokens=4096, num_batches=4):
+    """The first ``num_batches`` batches of ``split`` in fairseq's fixed (unshuffled) order."""
+    batches = list(itertools.islice(_iterator(task, split, max_tokens, seed=1, shuffle=False), num_batches))
+    if not batches:
+        raise UserError(f"split {split!r} yielded no batches")
+    return batches
+
+
+def training_batches(task, split="train", max_tokens=4096, seed=1):
+    """Shuffled training batches, epoch after epoch, without end."""
+    for epoch in itertools.count(1):
+        yielded = False
+        for sample in _iterator(task, split, max_tokens, seed=seed, shuffle=True, epoch=epoch):
+            yielded = True
+            yield sample
+        if not yielded:
+            raise UserError(f"split {split!r} yielded no batches")

@@ -1,0 +1,61 @@
+"""The models to analyse: fresh Post-LN / Pre-LN / ResiDual, or trained checkpoints."""
+from pathlib import Path
+
+import torch
+from fairseq import checkpoint_utils
+
+from ..errors import UserError
+from ..variants import VARIANTS, build_model
+
+# Size options of the CLI -> fairseq model options they set on both stacks.
+SIZE_OPTIONS = {
+    "embed_dim": ("encoder_embed_dim", "decoder_embed_dim"),
+    "ffn_dim": ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim"),
+    "heads": ("encoder_attention_heads", "decoder_attention_heads"),
+    "encoder_layers": ("encoder_layers",),
+    "decoder_layers": ("decoder_layers",),
+    "dropout": ("dropout",),
+}
+
+
+def model_overrides(**sizes) -> dict:
+    """``model_overrides(embed_dim=64, encoder_layers=24)`` -> fairseq options; None = preset's."""
+    overrides = {}
+    for name, value in sizes.items():
+        if name not in SIZE_OPTIONS:
+            raise ValueError(f"unknown size option {name!r}")
+        if value is not None:
+            overrides.update({option: value for option in SIZE_OPTIONS[name]})
+    return overrides
+
+
+def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
+    """A freshly initialised ``variant`` (fairseq's own init) for the task's dictionaries.
+
+    The same seed gives the three variants the same random stream, so they differ
+    in the residual scheme, not in luck of the draw.
+    """
+    if variant not in VARIANTS:
+        raise UserError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    overrides = model_overrides(**sizes)
+    if variant == "resi_dual" and dual_scale is not None:
+        overrides.update(dual_scale_encoder=dual_scale, dual_scale_decoder=dual_scale)
+    torch.manual_seed(seed)
+    try:
+        return build_model(variant, preset, task.source_dictionary, task.target_dictionary, **overrides)
+    except KeyError as err:
+        raise UserError(f"unknown preset {preset!r}") from err
+
+
+def load_checkpoint(path, task):
+    """A trained model from a fairseq checkpoint, built for ``task``'s dictionaries."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        models, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)], task=task)
+    except RuntimeError as err:
+        # Typically "size mismatch for encoder.embed_tokens.weight": other dictionaries.
+        first_line = str(err).strip().splitlines()[-1].strip()
+        raise UserError(f"checkpoint {path} does not fit the data dir's dictionaries: {first_line}") from err
+    return models[0]

@@ -1,0 +1,194 @@
+"""Every number as JSON and CSV, and the figures that show them at a glance."""
+import csv
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .probe import STACKS  # noqa: E402
+from .training import Run  # noqa: E402
+
+FP16_MAX = 65504.0
+COLORS = {"post_ln": "tab:red", "pre_ln": "tab:blue", "resi_dual": "tab:green"}
+LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
+
+# (CSV file, the StackMeasurement fields it holds); layer-indexed fields only.
+TABLES = {
+    "gradients.csv": ("param_grad_norm", "input_grad_norm"),
+    "similarity.csv": ("output_norm", "cos_next", "cos_last", "cka_next", "cka_last"),
+    "dual_stream.csv": ("dual_norm", "dual_max_abs", "dual_cos_next"),
+}
+
+
+def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
+    return {
+        "settings": settings,
+        "runs": [
+            {
+                "label": run.label,
+                "diverged_at": run.diverged_at,
+                "train_loss": run.train_loss,
+                "measurements": [
+                    {"step": step, "loss": m.loss, **{name: asdict(s) for name, s in m.stacks.items()}}
+                    for step, m in zip(run.steps, run.measurements)
+                ],
+            }
+            for run in runs
+        ],
+    }
+
+
+def write_tables(runs: List[Run], settings: Dict, out_dir: Path) -> None:
+    with open(out_dir / "analysis.json", "w") as f:
+        json.dump(runs_to_dict(runs, settings), f, indent=1)
+    for filename, columns in TABLES.items():
+        with open(out_dir / filename, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["run", "step", "stack", "layer", *columns])
+            for run in runs:
+                for step, m in zip(run.steps, run.measurements):
+                    for name, stack in m.stacks.items():
+                        values = [getattr(stack, c) for c in columns]
+                        if all(v is None for v in values):
+                            continue
+                        for layer in range(len(stack.param_grad_norm)):
+                            row = [v[layer] if v is not None and layer < len(v) else "" for v in values]
+                            writer.writerow([run.label, step, name, layer + 1, *row])
+    with open(out_dir / "training.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "update", "train_loss"])
+        for run in runs:
+            for update, loss in enumerate(run.train_loss, start=1):
+                writer.writerow([run.label, update, loss])
+
+
+def _style(label):
+    return {"color": COLORS.get(label), "label": LABELS.get(label, label), "marker": ".", "linewidth": 1.5}
+
+
+def _at_step(run: Run, step: int):
+    """The run's measurement at ``step``, or its last one if it stopped before."""
+    for s, m in zip(run.steps, run.measurements):
+        if s == step:
+            return m
+    return run.measurements[-1]
+
+
+def _grid(rows, title):
+    fig, axes = plt.subplots(len(rows), len(STACKS), figsize=(11, 3.3 * len(rows)), squeeze=False)
+    fig.suptitle(title)
+    for r, (field_name, ylabel, logscale) in enumerate(rows):
+        for c, stack in enumerate(STACKS):
+            ax = axes[r][c]
+            ax.set_title(f"{stack}: {ylabel}", fontsize=10)
+            ax.set_xlabel("layer (1 = lowest)")
+            if logscale:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def _plot_grid(runs, step, rows, title, path):
+    fig, axes = _grid(rows, title)
+    for r, (field_name, _, _) in enumerate(rows):
+        for c, stack in enumerate(STACKS):
+            for run in runs:
+                values = getattr(_at_step(run, step).stacks[stack], field_name)
+                if values is None:
+                    continue
+                # cos_next/cka_next compare layer i with i+1: plot them at i+1.
+                first = 2 if field_name.endswith("_next") else 1
+                axes[r][c].plot(range(first, first + len(values)), values, **_style(run.label))
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_gradients(runs, step, path):
+    _plot_grid(runs, step, [
+        ("param_grad_norm", "grad norm of the layer's parameters", True),
+        ("input_grad_norm", "grad norm w.r.t. the layer's input", True),
+    ], f"Gradient norm per layer (update {step})", path)
+
+
+def plot_similarity(runs, step, path):
+    _plot_grid(runs, step, [
+        ("cos_next", "cosine(layer i-1, layer i)", False),
+        ("cos_last", "cosine(layer i, top layer)", False),
+        ("cka_next", "linear CKA(layer i-1, layer i)", False),
+    ], f"Similarity of layer outputs (update {step}; mean over non-pad tokens)", path)
+
+
+def plot_dual_stream(runs, path):
+    """ResiDual's d per layer at each measured update, against fp16's largest value."""
+    dual_runs = [run for run in runs if run.measurements[0].stacks["encoder"].dual_norm is not None]
+    if not dual_runs:
+        return False
+    fig, axes = plt.subplots(1, len(STACKS), figsize=(11, 3.6), squeeze=False)
+    for c, stack in enumerate(STACKS):
+        ax = axes[0][c]
+        for run in dual_runs:
+            for k, (step, m) in enumerate(zip(run.steps, run.measurements)):
+                s = m.stacks[stack]
+                shade = 0.35 + 0.65 * (k + 1) / len(run.steps)
+                layers = range(1, len(s.dual_max_abs) + 1)
+                ax.plot(layers, s.dual_max_abs, color="tab:green", alpha=shade, label=f"{run.label} max|d| @{step}")
+                ax.plot(layers, s.dual_norm, color="tab:olive", alpha=shade, linestyle="--",
+                        label=f"{run.label} mean ||d|| @{step}")
+        ax.axhline(FP16_MAX, color="k", linestyle=":", label="fp16 max")
+        ax.set_yscale("log")
+        ax.set_title(f"{stack}: ResiDual dual stream d after each layer", fontsize=10)
+        ax.set_xlabel("layer (1 = lowest)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_training(runs, path):
+    """Loss per update and how the lowest layer's gradient compares with the top's."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for run in runs:
+        style = _style(run.label)
+        style.pop("marker")
+        axes[0].plot(range(1, len(run.train_loss) + 1), run.train_loss, **style)
+        for ax, stack in zip(axes[1:], STACKS):
+            ratios = [m.stacks[stack].param_grad_norm[0] / m.stacks[stack].param_grad_norm[-1]
+                      for m in run.measurements]
+            ax.plot(run.steps, ratios, marker=".", **style)
+    axes[0].set_title("training loss (base 2)")
+    axes[0].set_xlabel("update")
+    for ax, stack in zip(axes[1:], STACKS):
+        ax.set_title(f"{stack}: grad norm lowest layer / top layer", fontsize=10)
+        ax.set_xlabel("update")
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_figures(runs: List[Run], out_dir: Path) -> List[str]:
+    steps = sorted({0, *(run.steps[-1] for run in runs)})
+    written = []
+    for step in steps:
+        plot_gradients(runs, step, out_dir / f"gradient_norms_update{step}.png")
+        plot_similarity(runs, step, out_dir / f"similarity_update{step}.png")
+        written += [f"gradient_norms_update{step}.png", f"similarity_update{step}.png"]
+    if plot_dual_stream(runs, out_dir / "dual_stream.png"):
+        written.append("dual_stream.png")
+    if any(run.train_loss for run in runs):
+        plot_training(runs, out_dir / "training.png")
+        written.append("training.png")
+    return written
