@@ -109,6 +109,12 @@ def process_pair(options, build, source_lines, target_lines, label, aggressive=F
                    f"{label}.{build.target_lang}", drop_empty=drop_empty)
 
 
+def test_segments(path):
+    """The <seg> lines of an XML/SGML test set with ’ made ' (both fairseq scripts do this)."""
+    straighten = ReplaceCurlyApostrophe()
+    return [straighten(segment) if segment is not None else None for segment in extract_segments(read_lines(path))]
+
+
 # --- IWSLT'14 German-English (fairseq examples/translation/prepare-iwslt14.sh) -----------
 
 class Iwslt14(Recipe):
@@ -149,9 +155,7 @@ class Iwslt14(Recipe):
         for test_set in self.TEST_SETS:
             sides = []
             for lang in (src, tgt):
-                xml = find_file(roots, f"{test_set}.de-en.{lang}.xml")
-                sides.append([ReplaceCurlyApostrophe()(seg) if seg is not None else None
-                              for seg in extract_segments(read_lines(xml))])
+                sides.append(test_segments(find_file(roots, f"{test_set}.de-en.{lang}.xml")))
             sources, targets = process_pair(options, build, sides[0], sides[1], test_set)
             build.parts.append(Bitext("test", sources, targets, test_set))
         build.steps.append("test = " + " + ".join(self.TEST_SETS) + ": <seg> text, ’ -> ', "
@@ -201,9 +205,7 @@ class Wmt14(Recipe):
         sides = []
         for lang in (src, tgt):
             role = "src" if lang == src else "ref"
-            sgm = find_file(roots, f"newstest2014-deen-{role}.{lang}.sgm")
-            sides.append([ReplaceCurlyApostrophe()(seg) if seg is not None else None
-                          for seg in extract_segments(read_lines(sgm))])
+            sides.append(test_segments(find_file(roots, f"newstest2014-deen-{role}.{lang}.sgm")))
         test_sources, test_targets = process_pair(options, build, sides[0], sides[1], "newstest2014",
                                                   aggressive=True)
         build.parts.append(Bitext("test", test_sources, test_targets, "newstest2014"))
