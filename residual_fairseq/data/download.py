@@ -7,7 +7,6 @@ through ``--from-archive``.
 """
 import hashlib
 import os
-import shutil
 import socket
 import tarfile
 import urllib.error
@@ -162,8 +161,3 @@ def find_file(roots, name, description=None):
 def default_download_dir():
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "residual-fairseq" / "downloads"
-
-
-def copy_file(source, destination):
-    Path(destination).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, destination)

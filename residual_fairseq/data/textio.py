@@ -49,11 +49,6 @@ def write_lines(path, lines):
             handle.write("\n")
 
 
-def count_lines(path):
-    with open(path, "rb") as handle:
-        return sum(1 for _ in handle)
-
-
 class SkipCounter:
     """Counts dropped sentence pairs by reason; ends up in the manifest and log."""
 
