@@ -1,0 +1,132 @@
+"""``residual-fairseq-benchmark``: what ResiDual costs against stock fairseq, and what depth buys.
+
+Two benchmarks over one fairseq-preprocess data directory:
+
+- ``speed``: training throughput, peak training memory and beam-search decoding
+  speed of Post-LN, Pre-LN and ResiDual at identical sizes, with ratios against
+  Post-LN and PASS/FAIL against the performance targets;
+- ``depth``: narrow models at growing depth trained for the same budget; final
+  and valid loss, and whether training diverged.
+
+Python API: :func:`~.speed.run_speed_benchmark`, :func:`~.depth.run_depth_benchmark`.
+"""
+import argparse
+
+from ..errors import UserError, cli_main
+from ..variants import VARIANTS, arch_name
+
+DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
+
+
+def parse_sizes(text):
+    """``"iwslt_de_en:6,wmt_en_de:12"`` -> ``[("iwslt_de_en", 6), ("wmt_en_de", 12)]``."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    sizes = []
+    for item in filter(None, text.split(",")):
+        preset, _, layers = item.partition(":")
+        if not layers.isdigit() or int(layers) < 1:
+            raise UserError(f"--sizes {item!r}: expected PRESET:LAYERS, e.g. iwslt_de_en:6")
+        for variant in VARIANTS:
+            if arch_name(variant, preset) not in ARCH_MODEL_REGISTRY:
+                raise UserError(f"--sizes {item!r}: no architecture {arch_name(variant, preset)}")
+        sizes.append((preset, int(layers)))
+    if not sizes:
+        raise UserError("--sizes is empty")
+    return sizes
+
+
+def parse_variants(text):
+    variants = [v for v in text.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise UserError(f"--variants {text!r}: choose from {', '.join(VARIANTS)}")
+    return variants
+
+
+def parse_depths(text):
+    try:
+        depths = [int(d) for d in text.split(",") if d]
+    except ValueError:
+        depths = []
+    if not depths or min(depths) < 1:
+        raise UserError(f"--depths {text!r}: expected positive integers, e.g. 6,12,24")
+    return depths
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="residual-fairseq-benchmark", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub):
+        sub.add_argument("--data", required=True, help="fairseq-preprocess output directory")
+        sub.add_argument("--source-lang", default=None)
+        sub.add_argument("--target-lang", default=None)
+        sub.add_argument("--variants", default=",".join(VARIANTS))
+        sub.add_argument("--max-tokens", type=int, default=2048, help="tokens per training batch")
+        sub.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+        sub.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                         help="fp16/bf16: torch.autocast mixed precision (fp16 on CUDA only)")
+        sub.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        sub.add_argument("--seed", type=int, default=1)
+        sub.add_argument("--json", default=None, help="write the full record (every run) here")
+        sub.add_argument("--markdown", default=None, help="write the table as markdown here")
+
+    speed = commands.add_parser("speed", help="throughput and memory, side by side")
+    common(speed)
+    speed.add_argument("--sizes", default=DEFAULT_SIZES,
+                       help=f"PRESET:LAYERS list (encoder and decoder layers); default {DEFAULT_SIZES}")
+    speed.add_argument("--repeats", type=int, default=3)
+    speed.add_argument("--warmup", type=int, default=2, help="untimed updates first")
+    speed.add_argument("--updates", type=int, default=5, help="timed updates")
+    speed.add_argument("--beam", type=int, default=5)
+    speed.add_argument("--decode-sentences", type=int, default=64)
+    speed.add_argument("--decode-batch-size", type=int, default=16)
+
+    depth = commands.add_parser("depth", help="depth stability at a fixed training budget")
+    common(depth)
+    depth.add_argument("--depths", default="6,12,24", help="encoder and decoder layers, e.g. 6,12,24,48")
+    depth.add_argument("--width", type=int, default=64, help="embedding dim (ffn 4x, 4 heads)")
+    depth.add_argument("--updates", type=int, default=300)
+    depth.add_argument("--lr", type=float, default=1e-3)
+    depth.add_argument("--warmup-updates", type=int, default=100)
+    depth.add_argument("--valid-batches", type=int, default=20)
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    # Imported here so that --help answers without the ~5 s import of fairseq.
+    from .report import depth_report, echo, environment, speed_report, write_outputs
+
+    common = dict(
+        variants=parse_variants(args.variants), max_tokens=args.max_tokens, device=args.device,
+        precision=args.precision, threads=args.threads, seed=args.seed,
+        source_lang=args.source_lang, target_lang=args.target_lang, progress=echo,
+    )
+    if args.command == "speed":
+        from .speed import run_speed_benchmark
+
+        report = run_speed_benchmark(
+            args.data, parse_sizes(args.sizes), repeats=args.repeats, warmup=args.warmup,
+            updates=args.updates, beam=args.beam, decode_sentences=args.decode_sentences,
+            decode_batch_size=args.decode_batch_size, **common,
+        )
+        render = speed_report
+    else:
+        from .depth import run_depth_benchmark
+
+        report = run_depth_benchmark(
+            args.data, parse_depths(args.depths), width=args.width, updates=args.updates,
+            lr=args.lr, warmup_updates=args.warmup_updates, valid_batches=args.valid_batches,
+            **common,
+        )
+        render = depth_report
+    report["environment"] = environment(argv)
+    print(render(report))
+    write_outputs(report, render, args.json, args.markdown)
+    return 0

@@ -1,0 +1,81 @@
+"""Depth stability: narrow models of growing depth, trained for the same fixed budget.
+
+Every variant at every depth starts from the same seed, sees the same batches in the
+same order and follows the same learning-rate schedule (linear warm-up, then fairseq's
+inverse square root decay), so the only difference left is the residual scheme. A run
+counts as diverged if its loss becomes NaN/inf or ends no lower than it started.
+"""
+import math
+
+import torch
+
+from ..errors import UserError
+from ..variants import VARIANTS
+from .data import draw_batches, load_task
+from .training import Trainer, build_variant, check_precision, resolve_device, to_device
+
+
+def inverse_sqrt_schedule(warmup_updates):
+    """fairseq's ``inverse_sqrt`` as a multiplier of the peak lr (warm-up from ~0)."""
+    def factor(update):
+        update += 1
+        if update < warmup_updates:
+            return update / warmup_updates
+        return math.sqrt(warmup_updates / update)
+    return factor
+
+
+def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, device,
+              precision, seed) -> dict:
+    torch.manual_seed(seed)
+    model = build_variant(
+        task, variant, "", encoder_layers=layers, decoder_layers=layers,
+        encoder_embed_dim=width, decoder_embed_dim=width,
+        encoder_ffn_embed_dim=4 * width, decoder_ffn_embed_dim=4 * width,
+        encoder_attention_heads=4, decoder_attention_heads=4,
+    ).to(device)
+    trainer = Trainer(task, model, device, precision, lr=lr,
+                      lr_schedule=inverse_sqrt_schedule(warmup_updates))
+    losses = []
+    for batch in train:
+        losses.append(trainer.step(batch))
+        if not math.isfinite(losses[-1]):
+            break
+    tail = losses[-max(1, len(losses) // 10):]  # the last tenth smooths batch-to-batch noise
+    final = sum(tail) / len(tail)
+    valid_loss = trainer.loss(valid) if math.isfinite(final) else float("nan")
+    diverged = not math.isfinite(final) or not math.isfinite(valid_loss) or final >= losses[0]
+    return {"variant": variant, "layers": layers, "width": width, "updates": len(losses),
+            "start_loss": losses[0], "final_loss": final, "valid_loss": valid_loss,
+            "diverged": diverged}
+
+
+def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, updates=300,
+                        lr=1e-3, warmup_updates=100, max_tokens=2048, valid_batches=20,
+                        device="auto", precision="fp32", threads=None, seed=1,
+                        source_lang=None, target_lang=None, progress=print) -> dict:
+    """Train every variant at every depth; returns settings and one row per run."""
+    if updates < 1 or width < 4 or width % 4:
+        raise UserError("--updates must be >= 1 and --width a positive multiple of 4 (4 heads)")
+    device = resolve_device(device)
+    check_precision(precision, device)
+    if threads:
+        torch.set_num_threads(threads)
+    task = load_task(data, source_lang, target_lang)
+    train = [to_device(b, device) for b in draw_batches(task, "train", updates, max_tokens=max_tokens, seed=seed)]
+    valid = [to_device(b, device) for b in
+             draw_batches(task, "valid", None, max_tokens=max_tokens, shuffle=False)[:valid_batches]]
+    rows = []
+    for layers in depths:
+        for variant in variants:
+            row = train_one(task, variant, layers, width, train, valid, lr, warmup_updates,
+                            device, precision, seed)
+            rows.append(row)
+            progress(f"L{layers} {variant}: loss {row['start_loss']:.3f} -> {row['final_loss']:.3f}, "
+                     f"valid {row['valid_loss']:.3f}{' DIVERGED' if row['diverged'] else ''}")
+    settings = {"data": str(data), "depths": list(depths), "variants": list(variants),
+                "width": width, "ffn": 4 * width, "heads": 4, "updates": updates, "lr": lr,
+                "warmup_updates": warmup_updates, "lr_scheduler": "inverse_sqrt",
+                "max_tokens": max_tokens, "valid_batches": len(valid), "device": str(device),
+                "precision": precision, "threads": torch.get_num_threads(), "seed": seed}
+    return {"settings": settings, "rows": rows}

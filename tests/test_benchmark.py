@@ -1,0 +1,80 @@
+"""The benchmark CLI at a tiny size: every row present, every number positive and finite.
+
+No timing assertions: the numbers are only checked to be sane, never compared.
+"""
+import json
+import math
+
+import pytest
+
+from residual_fairseq.benchmark import main
+from residual_fairseq.benchmark.speed import check_targets, schedule, summarize
+from residual_fairseq.variants import VARIANTS
+
+
+def test_speed_benchmark_reports_every_variant(toy_data_bin, tmp_path, capsys):
+    out_json, out_md = tmp_path / "speed.json", tmp_path / "speed.md"
+    main([
+        "speed", "--data", str(toy_data_bin), "--sizes", "tiny:1", "--repeats", "1",
+        "--warmup", "1", "--updates", "1", "--decode-sentences", "4", "--decode-batch-size", "4",
+        "--threads", "1", "--json", str(out_json), "--markdown", str(out_md),
+    ])
+    table = capsys.readouterr().out
+    for variant in VARIANTS:
+        assert any(line.startswith("tiny") and f" {variant} " in line for line in table.splitlines())
+    assert len([line for line in table.splitlines() if line.strip().startswith(("PASS", "FAIL"))]) == 3
+
+    report = json.loads(out_json.read_text())
+    assert [r["variant"] for r in report["rows"]] == list(VARIANTS)
+    for run in report["runs"]:
+        for metric in ("train_tokens_per_s", "peak_memory_mib", "decode_sentences_per_s"):
+            assert math.isfinite(run[metric]) and run[metric] > 0, (run["variant"], metric, run[metric])
+        assert run["decode_sentences"] >= 4
+    baseline = report["rows"][0]
+    assert baseline["train_tokens_per_s_ratio"]["median"] == 1.0
+    markdown = out_md.read_text()
+    assert markdown.count("| tiny | 1 |") == 3 and "residual-fairseq-benchmark speed" in markdown
+
+
+def test_depth_benchmark_reports_every_depth_and_variant(toy_data_bin, tmp_path, capsys):
+    out_json = tmp_path / "depth.json"
+    main([
+        "depth", "--data", str(toy_data_bin), "--depths", "1,2", "--width", "16", "--updates", "4",
+        "--warmup-updates", "2", "--valid-batches", "1", "--threads", "1", "--json", str(out_json),
+    ])
+    table = capsys.readouterr().out
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["layers"], r["variant"]) for r in rows] == [(d, v) for d in (1, 2) for v in VARIANTS]
+    for row in rows:
+        for key in ("start_loss", "final_loss", "valid_loss"):
+            assert math.isfinite(row[key]) and row[key] > 0, (row, key)
+        assert row["updates"] == 4 and isinstance(row["diverged"], bool)
+        assert f"{row['final_loss']:.3f}" in table
+
+
+def test_ratios_are_paired_within_repeats_and_targets_judge_resi_dual():
+    runs = []
+    for repeat, drift in enumerate((1.0, 0.5)):  # the machine got twice as slow in repeat 2
+        for variant, speed, memory in (("post_ln", 100, 100), ("pre_ln", 100, 100), ("resi_dual", 98, 110)):
+            runs.append({"variant": variant, "preset": "p", "layers": 6, "repeat": repeat,
+                         "parameters": 1, "train_tokens_per_s": speed * drift,
+                         "peak_memory_mib": memory, "decode_sentences_per_s": speed * drift})
+    rows = summarize(runs, list(VARIANTS))
+    resi = rows[2]
+    assert resi["train_tokens_per_s_ratio"]["min"] == pytest.approx(0.98)
+    assert resi["train_tokens_per_s_ratio"]["max"] == pytest.approx(0.98)
+    verdicts = {c["metric"]: c["passed"] for c in check_targets(rows)}
+    assert verdicts == {"train_tokens_per_s": True, "decode_sentences_per_s": True, "peak_memory_mib": False}
+
+
+def test_schedule_rotates_the_variant_order():
+    plan = list(schedule([("p", 6)], list(VARIANTS), 3))
+    firsts = [plan[i][3] for i in (0, 3, 6)]
+    assert sorted(firsts) == sorted(VARIANTS)
+
+
+def test_bad_data_dir_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["speed", "--data", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("error: --data")
