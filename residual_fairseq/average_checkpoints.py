@@ -1,0 +1,167 @@
+"""Average the parameters of several fairseq checkpoints (fairseq's
+``scripts/average_checkpoints.py``, which the fairseq wheels do not ship).
+
+The averaged checkpoint is the newest input's full state (config, training state)
+with every model tensor replaced by the element-wise mean over the inputs, so
+fairseq-generate, fairseq-interactive and ``from_pretrained`` load it like any other.
+
+Files are read with ``torch.load(weights_only=True)``: importing this module imports
+``residual_fairseq``, which allowlists the few globals fairseq checkpoints hold.
+
+    residual-fairseq-average-checkpoints --inputs checkpoints/ --num-epoch-checkpoints 5 \\
+        --output checkpoints/checkpoint.avg5.pt
+"""
+import argparse
+import collections
+import contextlib
+import os
+import pickle
+import re
+import tempfile
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from .errors import UserError, cli_main
+
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")      # checkpoint_3_5000.pt
+
+
+def last_n_checkpoints(directory, n: int, update_based: bool = False, upper_bound: Optional[int] = None) -> List[str]:
+    """The ``n`` newest epoch (or update) checkpoints in ``directory``, newest first.
+
+    ``upper_bound`` ignores checkpoints after that epoch (or update number), as
+    fairseq's ``--checkpoint-upper-bound`` does.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"checkpoint directory not found: {directory}")
+    pattern = UPDATE_CHECKPOINT if update_based else EPOCH_CHECKPOINT
+    numbered = []
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
+            numbered.append((int(match.group(1)), str(path)))
+    if len(numbered) < n:
+        kind = "update (checkpoint_E_U.pt)" if update_based else "epoch (checkpointN.pt)"
+        raise UserError(f"found {len(numbered)} {kind} checkpoints in {directory}, need {n}")
+    numbered.sort(reverse=True)
+    return [path for _, path in numbered[:n]]
+
+
+def load_checkpoint_file(path) -> dict:
+    """One checkpoint file, on CPU, without unpickling anything but tensors and plain data."""
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory: give checkpoint files, or --num-epoch-checkpoints N")
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"cannot read checkpoint {path}: {first_line}") from err
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
+    return state
+
+
+def average_checkpoints(paths: Sequence[str]) -> dict:
+    """The state of ``paths[0]`` with its model parameters averaged over all ``paths``.
+
+    Sums are kept in float32 (half-precision inputs too) and cast back to each
+    tensor's own dtype; integer buffers get the floor of the mean, as in fairseq.
+    """
+    if not paths:
+        raise UserError("no checkpoints to average")
+    new_state, sums, dtypes = None, collections.OrderedDict(), {}
+    for path in paths:
+        state = load_checkpoint_file(path)
+        params = state["model"]
+        if new_state is None:
+            new_state = state
+            dtypes = {name: tensor.dtype for name, tensor in params.items()}
+        elif list(params) != list(sums):
+            raise UserError(f"{path} holds different parameters than {paths[0]}: not the same model")
+        for name, tensor in params.items():
+            tensor = tensor.float() if tensor.is_floating_point() else tensor
+            sums[name] = tensor.clone() if name not in sums else sums[name] + tensor
+    averaged = collections.OrderedDict()
+    for name, total in sums.items():
+        mean = total / len(paths) if total.is_floating_point() else total // len(paths)
+        averaged[name] = mean.to(dtypes[name])
+    new_state["model"] = averaged
+    return new_state
+
+
+@contextlib.contextmanager
+def atomic_output(output):
+    """Yield a temporary path beside ``output``; move it into place only if the block succeeds.
+
+    A crash or Ctrl-C never leaves a half-written file under the final name.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    os.close(handle)
+    try:
+        yield tmp
+        os.replace(tmp, output)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_checkpoint_atomically(state: dict, output) -> None:
+    with atomic_output(output) as tmp:
+        torch.save(state, tmp)
+
+
+def average_last_checkpoints(
+    directory, n: int, output, update_based: bool = False, upper_bound: Optional[int] = None
+) -> List[str]:
+    """Average the ``n`` newest checkpoints of ``directory`` into ``output``; returns their paths."""
+    paths = last_n_checkpoints(directory, n, update_based, upper_bound)
+    save_checkpoint_atomically(average_checkpoints(paths), output)
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-average-checkpoints",
+        description="Average the parameters of fairseq checkpoints (as fairseq's scripts/average_checkpoints.py).",
+    )
+    parser.add_argument("--inputs", required=True, nargs="+",
+                        help="checkpoint files, or one directory with --num-epoch-checkpoints/--num-update-checkpoints")
+    parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    count = parser.add_mutually_exclusive_group()
+    count.add_argument("--num-epoch-checkpoints", type=int,
+                       help="average the last N epoch checkpoints (checkpointN.pt) of the --inputs directory")
+    count.add_argument("--num-update-checkpoints", type=int,
+                       help="average the last N update checkpoints (checkpoint_E_U.pt) of the --inputs directory")
+    parser.add_argument("--checkpoint-upper-bound", type=int,
+                        help="ignore checkpoints after this epoch / update number")
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    n = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if n is not None:
+        if n < 1:
+            raise UserError(f"the number of checkpoints to average must be at least 1, got {n}")
+        if len(args.inputs) != 1:
+            raise UserError("with --num-epoch-checkpoints/--num-update-checkpoints, --inputs is one directory")
+        paths = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,
+                                   args.checkpoint_upper_bound)
+    else:
+        paths = args.inputs
+    print("averaging:\n  " + "\n  ".join(paths))
+    save_checkpoint_atomically(average_checkpoints(paths), args.output)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
