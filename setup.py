@@ -7,9 +7,14 @@ from setuptools import find_packages, setup
 
 # ve-fairseq ships ready-made wheels of upstream fairseq for CPython 3.11/3.12 on
 # Linux x86_64; everywhere else fairseq-fixed builds the same code from source.
+# (PEP 508 markers have no "not", hence the second marker spelled out.)
 WHEEL_PLATFORM = (
     "platform_system == 'Linux' and platform_machine == 'x86_64'"
     " and python_version >= '3.11' and python_version < '3.13'"
+)
+OTHER_PLATFORMS = (
+    "platform_system != 'Linux' or platform_machine != 'x86_64'"
+    " or python_version < '3.11' or python_version >= '3.13'"
 )
 
 setup(
@@ -25,7 +30,7 @@ setup(
     package_data={"residual_fairseq": ["configs/*.yaml", "configs/**/*.yaml"]},
     install_requires=[
         f"ve-fairseq==0.12.3; {WHEEL_PLATFORM}",
-        f"fairseq-fixed==0.12.3.1; not ({WHEEL_PLATFORM})",
+        f"fairseq-fixed==0.12.3.1; {OTHER_PLATFORMS}",
         "numpy",
         "sacrebleu>=2.0",
         "sacremoses",
