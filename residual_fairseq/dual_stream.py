@@ -14,6 +14,7 @@ takes the place of the stack's final norm.
 """
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
 from fairseq.modules import LayerNorm
@@ -45,11 +46,15 @@ class DualStream:
         # previous one was abandoned, e.g. by an exception). The first layer that
         # runs sees x_0 as its input, also when LayerDrop skipped the layers before it.
         if self.value is None or layer_index <= self._last_layer:
-            self.value = self.scale * x
+            # At s = 1, d_0 is x_0 itself: no copy, and safe because d is never
+            # changed in place (every add below makes a new tensor).
+            self.value = x if self.scale == 1.0 else self.scale * x
         self._last_layer = layer_index
 
     def add(self, sublayer_output: Tensor) -> None:
-        self.value = self.value + self.scale * sublayer_output
+        # One fused op: ``d + s * F`` would first materialise s * F, an extra
+        # activation-sized tensor per sublayer.
+        self.value = torch.add(self.value, sublayer_output, alpha=self.scale)
 
     def take(self) -> Tensor:
         if self.value is None:
