@@ -101,6 +101,10 @@ def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, ma
         fairseq_generate_executable(), str(data_bin), "--path", str(checkpoint), "--user-dir", str(user_dir),
         "--gen-subset", subset, "--beam", str(beam), "--lenpen", str(lenpen),
         "--max-tokens", str(max_tokens), "--num-workers", "0",
+        # fairseq's compiled batch_by_size (data_utils_fast in the ve-fairseq wheel)
+        # drops the last partial batch when the batch size must be a multiple of N > 1
+        # (generate's default is 8): up to 7 test sentences silently go missing.
+        "--required-batch-size-multiple", "1",
     ]
     if batch_size:
         command += ["--batch-size", str(batch_size)]
@@ -132,6 +136,14 @@ def run_generate(command, output_path):
         if returncode != 0:
             log.flush()
             raise UserError(f"fairseq-generate exited {returncode}: {_last_line(log_path)} (full log: {log_path})")
+
+
+def binarized_size(data_bin, subset):
+    """Number of sentences in a binarized split (from its .idx file)."""
+    from fairseq.data import data_utils
+
+    index = sorted(Path(data_bin).glob(f"{subset}.*.idx"))[0]
+    return len(data_utils.load_indexed_dataset(str(index.with_suffix("")), None))
 
 
 def read_generate_output(path):
@@ -247,8 +259,12 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     command = generate_command(checkpoint_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
                                subword, cpu, user_dir, generate_args)
     run_generate(command, generate_output)
+    expected = binarized_size(data_bin, subset)
     scores = score_generate_output(generate_output, detok_lang=detok_lang, compound_split=compound_split,
                                    reference=reference, hypotheses_path=Path(f"{stem}.hyp.txt"))
+    if scores["num_sentences"] != expected:
+        raise UserError(f"fairseq-generate translated {scores['num_sentences']} of the {expected} sentences "
+                        f"of '{subset}' (see {generate_output})")
     result = {
         "checkpoint": str(checkpoint_path),
         "averaged_from": sources if last_n else None,

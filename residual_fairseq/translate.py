@@ -1,0 +1,203 @@
+"""Translate text with a trained ResiDual checkpoint, from Python or the command line.
+
+A thin layer over fairseq's hub interface (``ResiDualModel.from_pretrained``, i.e.
+``fairseq.hub_utils``): the checkpoint, its dictionaries, its subword model
+(subword-nmt codes or sentencepiece) and, when the data were Moses-tokenized, the
+tokenizer, so raw text goes in and detokenized text comes out::
+
+    from residual_fairseq.translate import load_translator
+    translator = load_translator("checkpoints/checkpoint_best.pt", data="data/sample-es-en/bin")
+    translator.translate("En el principio creó Dios los cielos y la tierra.")
+    translator.translate(["Primera frase.", "Segunda frase."], beam=5)
+
+Command line (one sentence per line, stdin or --input, translations on stdout)::
+
+    echo "Hola mundo." | residual-fairseq-translate checkpoints/ --data data/sample-es-en/bin
+
+Bad input: an empty input is an error; an empty line translates to an empty line; a
+sentence longer than the model's source positions (after tokenization and subwords,
+counting the end-of-sentence token) is an error naming the sentence and both lengths
+(:class:`SentenceTooLongError`) - it is never silently truncated.
+"""
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+from .errors import UserError, cli_main
+from .model import ResiDualModel
+
+# Subword model files looked for in the data directory and its parent (the
+# residual-fairseq-prepare output directory), and fairseq's --bpe name for each.
+SUBWORD_MODEL_FILES = (("spm.model", "sentencepiece"), ("sentencepiece.bpe.model", "sentencepiece"),
+                       ("bpe.codes", "subword_nmt"), ("code", "subword_nmt"))
+
+
+class SentenceTooLongError(UserError):
+    """A sentence has more source tokens than the model has positions."""
+
+    def __init__(self, index, length, limit, what="sentence"):
+        self.index, self.length, self.limit = index, length, limit
+        super().__init__(
+            f"{what} {index + 1} is {length} tokens long after tokenization and subwords "
+            f"(with </s>); this model takes at most {limit}: split it"
+        )
+
+
+class Translator:
+    """A loaded model with its pre- and post-processing: text in, text out.
+
+    ``hub`` is fairseq's :class:`~fairseq.hub_utils.GeneratorHubInterface` (its
+    ``models``, ``task``, ``encode``/``decode`` are there for anything beyond text).
+    """
+
+    def __init__(self, hub):
+        self.hub = hub
+        positions = hub.max_positions
+        self.max_source_tokens = positions[0] if isinstance(positions, (tuple, list)) else positions
+
+    def translate(self, sentences: Union[str, Sequence[str]], beam: int = 5, **generation_options
+                  ) -> Union[str, List[str]]:
+        """Translate one sentence (returns a str) or a list of them (returns a list).
+
+        ``generation_options`` are fairseq generation settings, e.g. ``lenpen=0.6``,
+        ``max_len_b=50``. Empty sentences come back empty without running the model.
+        """
+        if isinstance(sentences, str):
+            return self.translate([sentences], beam=beam, **generation_options)[0]
+        sentences = list(sentences)
+        todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        tokens = [self.hub.encode(sentences[i]) for i in todo]
+        for i, encoded in zip(todo, tokens):
+            if self.max_source_tokens is not None and len(encoded) > self.max_source_tokens:
+                raise SentenceTooLongError(i, len(encoded), self.max_source_tokens)
+        translations = [""] * len(sentences)
+        if tokens:
+            hypotheses = self.hub.generate(tokens, beam=beam, **generation_options)
+            for i, nbest in zip(todo, hypotheses):
+                translations[i] = self.hub.decode(nbest[0]["tokens"])
+        return translations
+
+
+def find_subword_model(data_dir):
+    """(fairseq bpe name, path) of a subword model in ``data_dir`` or its parent, or (None, None)."""
+    for directory in (Path(data_dir), Path(data_dir).parent):
+        for name, bpe in SUBWORD_MODEL_FILES:
+            if (directory / name).is_file():
+                return bpe, str(directory / name)
+    return None, None
+
+
+def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_codes=None,
+                    sentencepiece_model=None, tokenizer: Optional[str] = None, cpu: Optional[bool] = None,
+                    **overrides) -> Translator:
+    """Load a ResiDual checkpoint for translation.
+
+    Args:
+        checkpoint: a checkpoint file, or a directory holding ``checkpoint_best.pt``.
+        data: the directory with the model's ``dict.<lang>.txt`` files (the data-bin it
+            was trained on); default: the checkpoint's directory.
+        bpe: ``"sentencepiece"``, ``"subword_nmt"``, None (no subwords), or ``"auto"``:
+            from ``sentencepiece_model``/``bpe_codes`` if given, else a ``spm.model`` or
+            ``bpe.codes`` file in ``data`` or its parent (residual-fairseq-prepare's layout).
+        tokenizer: ``"moses"`` when the training data were Moses-tokenized, else None.
+            fairseq's Moses tokenizer splits dashes aggressively (``-a``) unless
+            ``moses_no_dash_splits=True`` is passed.
+        cpu: force CPU; default: GPU when CUDA is available.
+        overrides: further fairseq config overrides (e.g. ``moses_no_dash_splits=True``,
+            ``max_tokens=4000``), as for ``from_pretrained``.
+    """
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        checkpoint = checkpoint / "checkpoint_best.pt"
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint not found: {checkpoint}")
+    data = Path(data) if data is not None else checkpoint.parent
+    if not data.is_dir() or not any(data.glob("dict.*.txt")):
+        raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
+    if bpe == "auto":
+        if sentencepiece_model:
+            bpe = "sentencepiece"
+        elif bpe_codes:
+            bpe = "subword_nmt"
+        else:
+            bpe, found = find_subword_model(data)
+            if bpe == "sentencepiece":
+                sentencepiece_model = found
+            elif bpe == "subword_nmt":
+                bpe_codes = found
+    subword_files = {"sentencepiece": ("sentencepiece_model", sentencepiece_model),
+                     "subword_nmt": ("bpe_codes", bpe_codes)}
+    if bpe is not None:
+        if bpe not in subword_files:
+            raise UserError(f"unknown bpe {bpe!r}; choose sentencepiece, subword_nmt, auto or none")
+        option, path = subword_files[bpe]
+        if not path or not Path(path).is_file():
+            raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
+        overrides[option] = str(Path(path).resolve())
+    hub = ResiDualModel.from_pretrained(
+        str(checkpoint.parent.resolve()), checkpoint_file=checkpoint.name, data_name_or_path=str(data.resolve()),
+        bpe=bpe, tokenizer=tokenizer, **overrides,
+    )
+    if cpu is None:
+        import torch
+
+        cpu = not torch.cuda.is_available()
+    if not cpu:
+        hub.cuda()
+    hub.eval()
+    return Translator(hub)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-translate",
+        description="Translate lines of text (stdin or --input) with a ResiDual checkpoint; one translation per line on stdout.",
+    )
+    parser.add_argument("checkpoint", help="checkpoint file, or a directory with checkpoint_best.pt")
+    parser.add_argument("--data", help="directory with the model's dict.<lang>.txt (default: the checkpoint's directory)")
+    parser.add_argument("--input", help="file to translate, one sentence per line (default: stdin)")
+    parser.add_argument("--bpe", default="auto", choices=["auto", "sentencepiece", "subword_nmt", "none"],
+                        help="subword model type (default: auto, from the files given or found beside --data)")
+    parser.add_argument("--bpe-codes", help="subword-nmt codes file")
+    parser.add_argument("--sentencepiece-model", help="sentencepiece .model file")
+    parser.add_argument("--tokenizer", choices=["moses", "none"], default="none",
+                        help="moses when the training data were Moses-tokenized")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--lenpen", type=float, default=1.0)
+    parser.add_argument("--batch-lines", type=int, default=64, help="lines translated per batch (default: 64)")
+    parser.add_argument("--cpu", action="store_true", default=None)
+    return parser
+
+
+def read_input(path):
+    if path is None:
+        return sys.stdin.read().splitlines()
+    if not Path(path).is_file():
+        raise UserError(f"input file not found: {path}")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().splitlines()
+
+
+@cli_main
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    lines = read_input(args.input)
+    if not any(line.strip() for line in lines):
+        raise UserError("empty input: nothing to translate (give sentences on stdin or with --input)")
+    translator = load_translator(
+        args.checkpoint, args.data, bpe=None if args.bpe == "none" else args.bpe, bpe_codes=args.bpe_codes,
+        sentencepiece_model=args.sentencepiece_model, tokenizer=None if args.tokenizer == "none" else args.tokenizer,
+        cpu=args.cpu,
+    )
+    for start in range(0, len(lines), args.batch_lines):
+        batch = lines[start:start + args.batch_lines]
+        try:
+            translations = translator.translate(batch, beam=args.beam, lenpen=args.lenpen)
+        except SentenceTooLongError as err:
+            raise SentenceTooLongError(start + err.index, err.length, err.limit, what="line") from err
+        print("\n".join(translations), flush=True)
+
+
+if __name__ == "__main__":
+    main()

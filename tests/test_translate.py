@@ -1,0 +1,124 @@
+"""Translation from Python, the CLI, and fairseq-interactive with the plugin."""
+import io
+import re
+
+import pytest
+
+from helpers import USER_DIR, fairseq_cli, run
+from residual_fairseq import translate
+from residual_fairseq.evaluate import evaluate_run, read_generate_output
+from trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
+
+
+@pytest.fixture(scope="module")
+def toy_run(toy_data_bin):
+    """(averaged checkpoint, test sources, fairseq-generate hypotheses in test-set order)."""
+    _, result = toy_evaluation(toy_data_bin)
+    sources = (toy_data_bin.parent / "text" / "test.src").read_text().splitlines()
+    hypotheses, _ = read_generate_output(result["generate_output"])
+    return result["checkpoint"], sources, hypotheses
+
+
+@pytest.fixture(scope="module")
+def translator(toy_run, toy_data_bin):
+    return translate.load_translator(toy_run[0], toy_data_bin, cpu=True)
+
+
+def test_translate_equals_fairseq_generate(toy_run, translator):
+    _, sources, generated = toy_run
+    assert len(set(generated[:10])) > 1, "degenerate model: the comparison would prove little"
+    single = translator.translate(sources[3], beam=5, max_len_b=MAX_LEN_B)
+    assert isinstance(single, str) and single == generated[3]
+    batch = translator.translate(sources[:10], beam=5, max_len_b=MAX_LEN_B)
+    assert batch == generated[:10]
+    # Empty sentences come back empty, in place, without disturbing the others.
+    assert translator.translate([sources[0], "  ", sources[1]], max_len_b=MAX_LEN_B) == [
+        generated[0], "", generated[1]]
+
+
+def test_fairseq_interactive_with_the_plugin_gives_the_same_translations(toy_run, toy_data_bin):
+    checkpoint, sources, generated = toy_run
+    proc = run_with_stdin(
+        [fairseq_cli("fairseq-interactive"), toy_data_bin, "--path", checkpoint, "--user-dir", USER_DIR,
+         "--beam", "5", "--max-len-b", str(MAX_LEN_B), "--cpu"],
+        "\n".join(sources[:4]) + "\n",
+    )
+    hypotheses = [line.split("\t", 2)[2] for line in proc.stdout.splitlines() if re.match(r"H-\d+\t", line)]
+    assert hypotheses == generated[:4]
+
+
+def run_with_stdin(cmd, text):
+    import subprocess
+
+    from helpers import CLI_ENV
+
+    proc = subprocess.run([str(c) for c in cmd], input=text, capture_output=True, text=True, env=CLI_ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_translate_cli_reads_stdin_and_keeps_lines_aligned(toy_run, toy_data_bin, translator, monkeypatch, capsys):
+    checkpoint, sources, _ = toy_run
+    lines = [sources[0], "", sources[1]]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    translate.main([checkpoint, "--data", str(toy_data_bin), "--cpu", "--beam", "5"])
+    assert capsys.readouterr().out.splitlines() == translator.translate(lines, beam=5)
+
+
+def test_translate_cli_input_file(toy_run, toy_data_bin, translator, tmp_path, capsys):
+    checkpoint, sources, _ = toy_run
+    (tmp_path / "in.txt").write_text("\n".join(sources[:3]) + "\n")
+    translate.main([checkpoint, "--data", str(toy_data_bin), "--cpu", "--input", str(tmp_path / "in.txt")])
+    assert capsys.readouterr().out.splitlines() == translator.translate(sources[:3])
+
+
+def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translator, tmp_path, monkeypatch, capsys):
+    checkpoint, sources, _ = toy_run
+    too_long = " ".join(["w1"] * (translator.max_source_tokens + 5))
+    cases = [
+        ("\n \n", [checkpoint, "--data", str(toy_data_bin)],
+         "error: empty input: nothing to translate"),
+        (sources[0] + "\n" + too_long + "\n", [checkpoint, "--data", str(toy_data_bin), "--cpu"],
+         f"error: line 2 is {translator.max_source_tokens + 6} tokens long after tokenization and subwords "
+         f"(with </s>); this model takes at most {translator.max_source_tokens}: split it"),
+        (sources[0], [str(tmp_path / "missing.pt"), "--data", str(toy_data_bin)],
+         f"error: checkpoint not found: {tmp_path / 'missing.pt'}"),
+        (sources[0], [checkpoint, "--data", str(tmp_path)],
+         f"error: no dict.<lang>.txt files in {tmp_path}"),
+        (sources[0], [checkpoint, "--data", str(toy_data_bin), "--input", str(tmp_path / "nope.txt")],
+         f"error: input file not found: {tmp_path / 'nope.txt'}"),
+    ]
+    for stdin, argv, expected in cases:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        with pytest.raises(SystemExit) as exit_info:
+            translate.main(argv)
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.err.strip().startswith(expected) and "\n" not in captured.err.strip(), captured.err
+        assert captured.out == ""  # nothing half-translated on stdout
+    # From Python, the same check raises the error type, naming the sentence.
+    with pytest.raises(translate.SentenceTooLongError, match="^sentence 1 is"):
+        translator.translate([too_long])
+
+
+def test_sentencepiece_round_trip_on_the_sample_corpus(tmp_path_factory):
+    """Raw Spanish in, raw English out: evaluation removes sentencepiece for real, and
+    the Python translator (finding spm.model beside the data) agrees with it."""
+    prepared, save_dir = sample_corpus_subset(tmp_path_factory.getbasetemp())
+    raw_references = (prepared / "tok" / "test.en").read_text(encoding="utf-8").splitlines()
+    raw_sources = (prepared / "tok" / "test.es").read_text(encoding="utf-8").splitlines()
+    assert "▁" in (prepared / "test.en").read_text(encoding="utf-8")  # the binarized text was segmented
+
+    result = evaluate_run(save_dir, prepared / "bin", subword="spm-bpe", reference=prepared / "tok" / "test.en",
+                          generate_args=["--max-len-b", "20"], out_json=save_dir / "eval.json")
+    hypotheses = open(result["hypotheses"], encoding="utf-8").read().splitlines()
+    _, generated_references = read_generate_output(result["generate_output"])
+    # Subword removal restores the raw references exactly, except where a rare
+    # character (e.g. a curly apostrophe) fell outside the tiny 600-piece vocabulary.
+    restored = [ref == raw for ref, raw in zip(generated_references, raw_references) if "<unk>" not in ref]
+    assert len(restored) >= len(raw_references) // 2 and all(restored)
+    assert hypotheses and not any("▁" in hypothesis or "  " in hypothesis for hypothesis in hypotheses)
+    assert result["num_sentences"] == len(raw_references)
+
+    translator = translate.load_translator(save_dir / "checkpoint_best.pt", prepared / "bin", cpu=True)
+    assert translator.translate(raw_sources[:6], max_len_b=20) == hypotheses[:6]
