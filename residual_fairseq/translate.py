@@ -6,13 +6,13 @@ A thin layer over fairseq's hub interface (``ResiDualModel.from_pretrained``, i.
 tokenizer, so raw text goes in and detokenized text comes out::
 
     from residual_fairseq.translate import load_translator
-    translator = load_translator("checkpoints/checkpoint_best.pt", data="data/sample-es-en/bin")
+    translator = load_translator("checkpoints/checkpoint_best.pt", data="data/sample.prepared/bin")
     translator.translate("En el principio creó Dios los cielos y la tierra.")
     translator.translate(["Primera frase.", "Segunda frase."], beam=5)
 
 Command line (one sentence per line, stdin or --input, translations on stdout)::
 
-    echo "Hola mundo." | residual-fairseq-translate checkpoints/ --data data/sample-es-en/bin
+    echo "Hola mundo." | residual-fairseq-translate checkpoints/ --data data/sample.prepared/bin
 
 Bad input: an empty input is an error; an empty line translates to an empty line; a
 sentence longer than the model's source positions (after tokenization and subwords,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Translate lines of text with a ResiDual checkpoint; see docs/evaluation.md or --help.
 
-Example: echo "Hola." | python scripts/translate.py checkpoints/ --data prepared/bin
+Example: echo "Hola." | python scripts/translate.py checkpoints/ --data data/sample.prepared/bin
 """
 import sys
 from pathlib import Path
