@@ -1,5 +1,6 @@
 """``residual-fairseq-analyze``: gradient vanishing and representation collapse, measured."""
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -10,7 +11,7 @@ from ..errors import UserError, cli_main
 from ..variants import VARIANTS
 from .data import load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
-from .report import write_figures, write_tables
+from .report import runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
 
 EXAMPLE = """example (24-layer narrow models on the toy data, 300 updates):
@@ -24,8 +25,11 @@ def build_parser():
         prog="residual-fairseq-analyze", description=__doc__, epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("data", help="fairseq-preprocess output dir (e.g. from residual-fairseq-prepare)")
+    p.add_argument("data", nargs="?", help="fairseq-preprocess output dir (e.g. from residual-fairseq-prepare)")
     p.add_argument("--out", required=True, help="output dir: analysis.json, *.csv, *.png")
+    p.add_argument("--merge", nargs="+", metavar="ANALYSIS_JSON",
+                   help="instead of measuring, combine earlier outputs (e.g. one per variant, "
+                        "run in parallel) into one report and its figures")
     p.add_argument("--source-lang")
     p.add_argument("--target-lang")
     g = p.add_argument_group("models")
@@ -110,6 +114,10 @@ def main(argv=None):
     logging.getLogger().setLevel(logging.INFO)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     check_args(args)
+    if args.merge:
+        return merge_reports(args.merge, Path(args.out))
+    if not args.data:
+        raise UserError("give a data dir (or --merge earlier analysis.json files)")
     checkpoints = parse_checkpoints(args.checkpoint)
     variants = args.variants if args.variants is not None else ([] if checkpoints else list(VARIANTS))
     if not variants and not checkpoints:
@@ -134,19 +142,37 @@ def main(argv=None):
             raise UserError(f"label {label!r} names both a fresh variant and a checkpoint")
         models[label] = lambda p=path: load_checkpoint(p, task)
 
-    out = Path(args.out)
-    tmp = prepare_out_dir(out)
-    try:
-        runs = []
+    def measure_all():
         for label, build in models.items():
             print(f"analysing {label} ...", flush=True)
             train_batches = training_batches(task, "train", args.max_tokens, args.seed) if args.train_steps else None
-            run = train_and_measure(label, build(), criterion, probe_batches, train_batches, settings)
-            if run.diverged_at is not None:
-                print(f"  {label}: loss turned non-finite at update {run.diverged_at}; kept what was measured")
-            runs.append(run)
-        record = {k: v for k, v in vars(args).items() if k != "out"}
-        write_tables(runs, record, tmp)
+            yield train_and_measure(label, build(), criterion, probe_batches, train_batches, settings)
+
+    record = {k: v for k, v in vars(args).items() if k not in ("out", "merge")}
+    write_report(measure_all, record, Path(args.out))
+
+
+def merge_reports(paths, out: Path):
+    runs, settings = [], []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            runs += runs_from_dict(report)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"cannot read {path} as an analysis.json: {err}") from err
+        settings.append(report.get("settings"))
+    labels = [run.label for run in runs]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"--merge: run labels repeat across the files: {', '.join(labels)}")
+    write_report(lambda: runs, {"merged_from": [str(p) for p in paths], "settings": settings}, out)
+
+
+def write_report(produce_runs, settings, out: Path):
+    """Runs ``produce_runs()`` and writes its report into ``out`` as one complete unit."""
+    tmp = prepare_out_dir(out)
+    try:
+        runs = list(produce_runs())
+        write_tables(runs, settings, tmp)
         figures = write_figures(runs, tmp)
         publish(tmp, out)
     except BaseException:

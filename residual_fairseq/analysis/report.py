@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .probe import STACKS  # noqa: E402
+from .probe import STACKS, Measurement, StackMeasurement  # noqa: E402
 from .training import Run  # noqa: E402
 
 FP16_MAX = 65504.0
@@ -41,6 +41,19 @@ def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
             for run in runs
         ],
     }
+
+
+def runs_from_dict(report: Dict) -> List[Run]:
+    """The inverse of :func:`runs_to_dict`: runs back from an ``analysis.json``."""
+    runs = []
+    for r in report["runs"]:
+        run = Run(label=r["label"], train_loss=r["train_loss"], diverged_at=r["diverged_at"])
+        for m in r["measurements"]:
+            run.steps.append(m["step"])
+            run.measurements.append(Measurement(
+                loss=m["loss"], stacks={name: StackMeasurement(**m[name]) for name in STACKS}))
+        runs.append(run)
+    return runs
 
 
 def write_tables(runs: List[Run], settings: Dict, out_dir: Path) -> None:

@@ -6,6 +6,7 @@ loop only replaces fairseq's Trainer bookkeeping (checkpoints, logging, fp16),
 which a diagnostic run does not need.
 """
 import argparse
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -15,6 +16,8 @@ from fairseq import optim
 from fairseq.optim import lr_scheduler
 
 from .probe import Measurement, measure
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,6 +80,7 @@ def train_and_measure(label, model, criterion, probe_batches, train_batches, set
         loss = loss / sample_size
         if not torch.isfinite(loss):
             run.diverged_at = step
+            logger.warning(f"{label}: loss turned non-finite at update {step}; stopping its training")
             break
         loss.backward()
         if settings.clip_norm > 0:
@@ -87,5 +91,7 @@ def train_and_measure(label, model, criterion, probe_batches, train_batches, set
         if step % settings.measure_every == 0 or step == settings.steps:
             run.steps.append(step)
             run.measurements.append(measure(model, criterion, probe_batches))
+            logger.info(f"{label}: update {step}, train loss {run.train_loss[-1]:.3f}, "
+                        f"measured loss {run.measurements[-1].loss:.3f}")
     model.eval()
     return run
