@@ -1,0 +1,264 @@
+"""Train one shipped config with fairseq-train: pick by dataset/variant/depth, print, run.
+
+The command is plain ``fairseq-train`` with the config rendered as flags
+(:func:`residual_fairseq.configs.fairseq_train_args`) and any extra fairseq flags
+appended, so it can be copied and run by hand. fairseq itself resumes from
+``SAVE_DIR/checkpoint_last.pt``. The driver copies fairseq's output (JSON log lines)
+into ``SAVE_DIR/train.log`` (appending on resume; fairseq's own ``--log-file`` keeps
+only some loggers, not the validation stats) and records the choice of config in
+``SAVE_DIR/run.json`` (read back by fine-tuning and reproduce).
+
+Launch modes:
+
+- one process: one GPU, or the CPU when CUDA is missing (fp16/amp are then turned off);
+- ``--nprocs N`` with CUDA: fairseq's own launcher spawns N GPU workers;
+- ``--nprocs N`` on CPU: N ranks started by hand with gloo and ``legacy_ddp`` (the
+  only CPU multi-process setup that works with fairseq 0.12 here).
+For multi-node GPU jobs run the printed command under your launcher (see docs/training.md).
+
+CLI::
+
+    residual-fairseq-train --dataset iwslt14-de-en --variant resi_dual --layers 12 \\
+        --data data/iwslt14/bin --save-dir checkpoints/iwslt-resi_dual-12 -- --max-epoch 50
+"""
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from . import USER_DIR, configs
+from .errors import UserError, cli_main
+from .variants import VARIANTS
+
+LOG_NAME = "train.log"
+RUN_RECORD_NAME = "run.json"
+
+
+@dataclass
+class TrainRequest:
+    dataset: str
+    variant: str
+    layers: int
+    data: Path
+    save_dir: Path
+    seed: Optional[int] = None
+    nprocs: int = 1
+    cpu: Optional[bool] = None           # None: CPU exactly when CUDA is missing
+    source_lang: Optional[str] = None    # override the config's language pair
+    target_lang: Optional[str] = None
+    extra_args: List[str] = field(default_factory=list)  # appended fairseq-train flags
+
+
+@dataclass
+class TrainPlan:
+    commands: List[List[str]]            # one per process to start
+    notes: List[str]                     # what was adapted, said before running
+    settings: dict                       # the composed config
+
+    def describe(self) -> str:
+        return "\n".join(shlex.join(command) for command in self.commands)
+
+
+def fairseq_train_executable() -> str:
+    """``fairseq-train`` of this Python's environment (or on PATH)."""
+    beside_python = Path(sys.executable).with_name("fairseq-train")
+    if beside_python.is_file():
+        return str(beside_python)
+    return shutil.which("fairseq-train") or "fairseq-train"
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def plan(request: TrainRequest) -> TrainPlan:
+    """The fairseq-train command(s) of ``request``; nothing is run or written."""
+    data = Path(request.data)
+    if not data.is_dir():
+        raise UserError(f"data directory not found: {data} (prepare it with residual-fairseq-prepare)")
+    if not any(data.glob("dict.*.txt")):
+        raise UserError(f"{data} holds no fairseq dictionaries (dict.*.txt): pass the prepared bin/ directory")
+    if request.nprocs < 1:
+        raise UserError(f"--nprocs must be at least 1, got {request.nprocs}")
+    save_dir = Path(request.save_dir)
+    overrides = {
+        "task": {"data": str(data)},
+        "common": {"user_dir": USER_DIR},
+        "checkpoint": {"save_dir": str(save_dir)},
+    }
+    if request.seed is not None:
+        overrides["common"]["seed"] = request.seed
+    if request.source_lang or request.target_lang:
+        overrides["task"].update(source_lang=request.source_lang, target_lang=request.target_lang)
+    settings = configs.load(request.dataset, request.variant, request.layers, overrides)
+
+    notes = []
+    cpu = (not cuda_available()) if request.cpu is None else request.cpu
+    if cpu:
+        settings["common"]["cpu"] = True
+        dropped = configs.drop_cuda_only_settings(settings)
+        reason = "no CUDA on this machine" if request.cpu is None else "--cpu"
+        notes.append(f"{reason}: training on CPU"
+                     + (f" without {', '.join(dropped)} (they need CUDA)" if dropped else ""))
+    if (save_dir / "checkpoint_last.pt").is_file():
+        notes.append(f"resuming from {save_dir / 'checkpoint_last.pt'}")
+
+    base = [fairseq_train_executable()] + configs.fairseq_train_args(settings) + list(request.extra_args)
+    if request.nprocs == 1:
+        commands = [base]
+    elif not cpu:
+        # fairseq spawns one worker per GPU itself.
+        commands = [base + ["--distributed-world-size", str(request.nprocs)]]
+    else:
+        port = random.Random(str(save_dir.resolve())).randint(20000, 40000)
+        shared = base + [
+            "--distributed-world-size", str(request.nprocs), "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+            "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
+        ]
+        commands = [shared + ["--distributed-rank", str(rank)] for rank in range(request.nprocs)]
+        notes.append(f"{request.nprocs} CPU processes: gloo ranks started by hand, legacy_ddp")
+    return TrainPlan(commands, notes, settings)
+
+
+def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:
+    """``SAVE_DIR/run.json``: which config trained this directory, and how."""
+    save_dir = Path(request.save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "dataset": request.dataset, "variant": request.variant, "layers": request.layers,
+        "seed": train_plan.settings["common"].get("seed"), "data": str(Path(request.data).resolve()),
+        "extra_args": list(request.extra_args), "commands": [shlex.join(c) for c in train_plan.commands],
+    }
+    path = save_dir / RUN_RECORD_NAME
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_run_record(save_dir) -> Optional[dict]:
+    path = Path(save_dir) / RUN_RECORD_NAME
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _copy_output(process, log_path: Path, to_console: bool):
+    """Append a process's output to ``log_path`` (and echo it), line by line."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            if to_console:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+
+def execute(train_plan: TrainPlan, save_dir: Path) -> int:
+    """Run the plan's processes (all at once) and return the first non-zero status, else 0.
+
+    Rank 0's output goes to the console and ``SAVE_DIR/train.log``; rank R's to
+    ``SAVE_DIR/train.rankR.log``.
+    """
+    processes, copiers = [], []
+    try:
+        for rank, command in enumerate(train_plan.commands):
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       errors="replace")
+            log_path = save_dir / (LOG_NAME if rank == 0 else f"train.rank{rank}.log")
+            copier = threading.Thread(target=_copy_output, args=(process, log_path, rank == 0), daemon=True)
+            copier.start()
+            processes.append(process)
+            copiers.append(copier)
+        while True:
+            codes = [process.poll() for process in processes]
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed or all(code == 0 for code in codes):
+                break
+            time.sleep(0.5)
+    except FileNotFoundError as err:
+        raise UserError(f"{err.filename} not found: is fairseq installed in this environment?") from None
+    finally:
+        # One failed rank leaves the others waiting forever on a collective.
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+        for copier in copiers:
+            copier.join(timeout=10)
+    return failed[0] if failed else 0
+
+
+def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
+    """Plan, print and (unless ``dry_run``) run one training; UserError if fairseq fails."""
+    train_plan = plan(request)
+    for note in train_plan.notes:
+        print(f"note: {note}", flush=True)
+    print(("would run" if dry_run else "running") + ":\n" + train_plan.describe(), flush=True)
+    if dry_run:
+        return train_plan
+    write_run_record(request, train_plan)
+    returncode = execute(train_plan, Path(request.save_dir))
+    if returncode != 0:
+        raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")
+    return train_plan
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, layers_required: bool = True):
+    """--dataset/--variant/--layers, shared by the train and fine-tune CLIs."""
+    parser.add_argument("--dataset", required=True, choices=list(configs.DATASETS), help="config family")
+    parser.add_argument("--variant", required=True, choices=VARIANTS, help="residual scheme")
+    parser.add_argument("--layers", type=int, required=layers_required,
+                        help="encoder and decoder depth (one of the dataset's shipped depths)")
+
+
+def split_passthrough(argv):
+    """(our arguments, fairseq arguments after a lone ``--``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1:]
+    return argv, []
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-train",
+        description="Train a shipped config with fairseq-train. Flags after -- go to fairseq-train unchanged.",
+        epilog="example: residual-fairseq-train --dataset sample-es-en --variant resi_dual --layers 3 "
+               "--data data/sample/bin --save-dir checkpoints/sample -- --max-epoch 1",
+    )
+    add_config_arguments(parser)
+    parser.add_argument("--data", required=True, help="fairseq data directory (the prepared bin/)")
+    parser.add_argument("--save-dir", required=True, help="checkpoints, train.log and run.json go here")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--nprocs", type=int, default=1,
+                        help="processes: GPUs (fairseq spawns them) or, without CUDA, CPU ranks over gloo")
+    parser.add_argument("--cpu", action="store_true", default=None,
+                        help="train on CPU even when CUDA is available (default: CPU only without CUDA)")
+    parser.add_argument("--dry-run", action="store_true", help="print the fairseq command(s) and exit")
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    ours, passthrough = split_passthrough(argv)
+    args = build_parser().parse_args(ours)
+    request = TrainRequest(args.dataset, args.variant, args.layers, Path(args.data), Path(args.save_dir),
+                           seed=args.seed, nprocs=args.nprocs, cpu=args.cpu, extra_args=passthrough)
+    train(request, dry_run=args.dry_run)
+
+
+if __name__ == "__main__":
+    main()
