@@ -32,3 +32,71 @@ def fairseq_checkpoint_globals():
 
 def allow_fairseq_checkpoint_globals() -> None:
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+
+
+# --- checking a checkpoint file before fairseq loads it --------------------------
+
+import os  # noqa: E402
+import zipfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from .errors import UserError  # noqa: E402
+
+
+def is_intact(path) -> bool:
+    """True if ``path`` is a complete torch zip archive.
+
+    A torch checkpoint is a zip file whose index sits at its end, so a file cut
+    short by a crash or a full disk fails here without reading the whole file.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return bool(archive.namelist())
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
+
+
+def verify_checkpoint_file(path) -> Path:
+    """Raise a one-line :class:`UserError` unless ``path`` is a loadable, safe checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint not found: {path}")
+    if not is_intact(path):
+        raise UserError(f"checkpoint {path} is truncated or not a torch checkpoint file")
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in torch.serialization.get_safe_globals()}
+    unsafe = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path))) - allowed)
+    if unsafe:
+        raise UserError(
+            f"refusing to load checkpoint {path}: it would import {', '.join(unsafe)}, "
+            "which a fairseq checkpoint never needs (loading it could run code)"
+        )
+    return path
+
+
+def repair_last_checkpoint(save_dir):
+    """Make ``checkpoint_last.pt`` in ``save_dir`` loadable again after a crash.
+
+    fairseq writes its first checkpoint file atomically (temp file + rename) but
+    *copies* it to ``checkpoint_last.pt`` in place, so a kill during that copy
+    leaves a truncated ``checkpoint_last.pt``. If that happened, replace it
+    (atomically) with the newest intact checkpoint of the run, and return that
+    file's path; return None when nothing needed repair.
+    """
+    save_dir = Path(save_dir)
+    last = save_dir / "checkpoint_last.pt"
+    if not last.exists() or is_intact(last):
+        return None
+    candidates = sorted(
+        (p for p in save_dir.glob("checkpoint*.pt") if p != last and is_intact(p)),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    if not candidates:
+        raise UserError(
+            f"{last} is truncated and {save_dir} holds no intact checkpoint to resume from; "
+            "move it away to start training from scratch"
+        )
+    staging = last.with_name(last.name + ".repair.tmp")
+    staging.write_bytes(candidates[0].read_bytes())
+    os.replace(staging, last)
+    return candidates[0]
