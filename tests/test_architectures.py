@@ -1,0 +1,32 @@
+"""Each resi_dual_X architecture has the sizes of fairseq's transformer_X preset."""
+import argparse
+
+import pytest
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+from residual_fairseq.model import FAIRSEQ_PRESET_OF
+from residual_fairseq.variants import build_model
+
+
+def preset(arch):
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return vars(args)
+
+
+@pytest.mark.parametrize("arch", sorted(FAIRSEQ_PRESET_OF))
+def test_same_settings_as_the_fairseq_preset(arch):
+    ours, theirs = preset(arch), preset(FAIRSEQ_PRESET_OF[arch])
+    assert {k: v for k, v in ours.items() if not k.startswith("dual_scale_")} == theirs
+    assert ours["dual_scale_encoder"] == ours["dual_scale_decoder"] == 1.0
+
+
+@pytest.mark.parametrize("preset_name", ["", "iwslt_de_en"])
+def test_parameter_count_is_post_ln_plus_the_two_final_norms(preset_name):
+    small = dict(encoder_layers=2, decoder_layers=2)
+    resi_dual = build_model("resi_dual", preset_name, **small)
+    post_ln = build_model("post_ln", preset_name, **small)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    embed_dim = resi_dual.encoder.embed_tokens.embedding_dim
+    # LN_final of the encoder and of the decoder: a gain and a bias each.
+    assert count(resi_dual) == count(post_ln) + 2 * 2 * embed_dim
