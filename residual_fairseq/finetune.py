@@ -1,0 +1,207 @@
+"""Fine-tune a trained model on a new language pair (or new data) with its own vocabulary.
+
+A checkpoint only understands the token ids of the dictionaries it was trained
+with, so the new data are prepared with the *original* subword model and
+dictionaries (:mod:`residual_fairseq.data`, ``subword_model``/``srcdict``/``tgtdict``),
+checked against the checkpoint's embedding tables, and trained with the same config
+plus ``--finetune-from-model`` (fairseq loads the weights, resets optimizer, schedule
+and data position; a later call resumes from the new ``checkpoint_last.pt``).
+
+Where everything comes from, by default: ``run.json`` beside the checkpoint (written
+by ``residual-fairseq-train``) names the config and the original data directory,
+whose ``manifest.json`` names the subword model.
+
+CLI (the bundled sample: an es->en model fine-tuned on en->es)::
+
+    residual-fairseq-finetune --checkpoint checkpoints/sample/checkpoint_best.pt \\
+        --dataset sample-es-en --source-lang en --target-lang es \\
+        --data-out data/sample-en-es --save-dir checkpoints/sample-en-es -- --max-epoch 1
+"""
+import argparse
+import filecmp
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from . import train
+from .errors import UserError, cli_main
+
+
+class VocabularyMismatch(UserError):
+    """The new data cannot be expressed in the checkpoint's vocabulary."""
+
+
+@dataclass
+class OriginalVocabulary:
+    """The subword model and per-language dictionaries a model was trained with."""
+
+    directory: Path                 # the prepared directory (manifest.json, bin/)
+    subword_model: Optional[Path]   # None: the data were not subword-segmented
+    dictionaries: dict              # language -> dict.<lang>.txt
+
+    @classmethod
+    def from_prepared(cls, directory) -> "OriginalVocabulary":
+        from .data import read_manifest
+
+        directory = Path(directory)
+        manifest = read_manifest(directory)
+        if manifest is None:
+            raise UserError(f"{directory} has no manifest.json: pass --vocab-from with the directory "
+                            "residual-fairseq-prepare wrote for the original model")
+        model = manifest.get("subword", {}).get("model")
+        languages = (manifest["source_lang"], manifest["target_lang"])
+        dictionaries = {lang: directory / "bin" / f"dict.{lang}.txt" for lang in languages}
+        return cls(directory, directory / model if model else None, dictionaries)
+
+    @property
+    def joined(self) -> bool:
+        first, second = self.dictionaries.values()
+        return filecmp.cmp(first, second, shallow=False)
+
+    def dictionary_for(self, lang: str) -> Path:
+        """The dictionary to binarize ``lang`` with; a one-line error when there is none."""
+        if lang in self.dictionaries:
+            return self.dictionaries[lang]
+        if self.joined:
+            # One joined dictionary serves any language (unknown pieces become <unk>).
+            return next(iter(self.dictionaries.values()))
+        known = " and ".join(self.dictionaries)
+        raise VocabularyMismatch(f"vocabularies incompatible: the model has separate {known} dictionaries, "
+                                 f"none for {lang!r} (train a new model, or one with a joined dictionary)")
+
+
+def embedding_rows(checkpoint: Path) -> dict:
+    """Rows of the checkpoint's source and target embedding tables."""
+    import torch
+
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint not found: {checkpoint}") from None
+    weights = state.get("model", {})
+    rows = {}
+    for side, key in (("source", "encoder.embed_tokens.weight"), ("target", "decoder.embed_tokens.weight")):
+        if key not in weights:
+            raise UserError(f"{checkpoint} has no {key}: not a fairseq translation checkpoint")
+        rows[side] = weights[key].shape[0]
+    return rows
+
+
+def dictionary_size(path: Path) -> int:
+    from fairseq.data import Dictionary
+
+    return len(Dictionary.load(str(path)))
+
+
+def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path) -> None:
+    """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings."""
+    rows = embedding_rows(checkpoint)
+    for side, path in (("source", srcdict), ("target", tgtdict)):
+        size = dictionary_size(path)
+        if size != rows[side]:
+            raise VocabularyMismatch(f"vocabularies incompatible: {checkpoint} has {rows[side]} {side} embeddings "
+                                     f"but {path} has {size} entries")
+
+
+@dataclass
+class FinetuneRequest:
+    checkpoint: Path
+    dataset: str                        # a data recipe: sample-es-en, iwslt14-de-en, custom, ...
+    source_lang: str
+    target_lang: str
+    data_out: Path                      # where the new pair is prepared
+    save_dir: Path
+    vocab_from: Optional[Path] = None   # the original prepared directory (default: from run.json)
+    config: Optional[tuple] = None      # (dataset, variant, layers) of the original training
+    corpus: dict = field(default_factory=dict)  # custom corpora: train/valid/test file lists
+    nprocs: int = 1
+    extra_args: List[str] = field(default_factory=list)
+
+
+def original_run(request: FinetuneRequest):
+    """(config triple, original prepared directory) of the checkpoint's training."""
+    record = train.read_run_record(Path(request.checkpoint).parent) or {}
+    config = request.config or ((record["dataset"], record["variant"], record["layers"]) if record else None)
+    if config is None:
+        raise UserError(f"no run.json beside {request.checkpoint}: pass --train-config DATASET VARIANT LAYERS")
+    vocab_from = request.vocab_from or (Path(record["data"]).parent if record else None)
+    if vocab_from is None:
+        raise UserError(f"no run.json beside {request.checkpoint}: pass --vocab-from ORIGINAL_PREPARED_DIR")
+    return config, Path(vocab_from)
+
+
+def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary) -> Path:
+    """Prepare the new pair with the original subword model and dictionaries; returns bin/."""
+    from .data import PrepareOptions, prepare
+
+    srcdict = vocabulary.dictionary_for(request.source_lang)
+    tgtdict = vocabulary.dictionary_for(request.target_lang)
+    check_compatible(Path(request.checkpoint), srcdict, tgtdict)
+    options = PrepareOptions(
+        dataset=request.dataset, out=Path(request.data_out), source_lang=request.source_lang,
+        target_lang=request.target_lang, subword_model=vocabulary.subword_model,
+        subword=None if vocabulary.subword_model else "none", srcdict=srcdict, tgtdict=tgtdict,
+        **{split: [Path(p) for p in paths] for split, paths in request.corpus.items()},
+    )
+    return prepare(options).bin_dir
+
+
+def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan:
+    """Prepare the new pair (also in a dry run: training needs its dictionaries) and train."""
+    if not Path(request.checkpoint).is_file():
+        raise UserError(f"checkpoint not found: {request.checkpoint}")
+    (dataset, variant, layers), vocab_from = original_run(request)
+    vocabulary = OriginalVocabulary.from_prepared(vocab_from)
+    print(f"fine-tuning {variant} {layers}L ({dataset} config) on {request.dataset} "
+          f"{request.source_lang}->{request.target_lang} with the vocabulary of {vocab_from}", flush=True)
+    bin_dir = prepare_new_pair(request, vocabulary)
+    train_request = train.TrainRequest(
+        dataset, variant, int(layers), bin_dir, Path(request.save_dir), nprocs=request.nprocs,
+        source_lang=request.source_lang, target_lang=request.target_lang,
+        extra_args=["--finetune-from-model", str(Path(request.checkpoint).resolve())] + list(request.extra_args),
+    )
+    return train.train(train_request, dry_run=dry_run)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-finetune",
+        description="Prepare a new language pair with a trained model's subword model and dictionaries, "
+                    "then fine-tune it (--finetune-from-model). Flags after -- go to fairseq-train.",
+    )
+    parser.add_argument("--checkpoint", required=True, type=Path, help="the trained model, e.g. checkpoint_best.pt")
+    parser.add_argument("--dataset", required=True, help="data recipe of the new pair (see residual-fairseq-prepare)")
+    parser.add_argument("--source-lang", "-s", required=True)
+    parser.add_argument("--target-lang", "-t", required=True)
+    parser.add_argument("--data-out", required=True, type=Path, help="where to prepare the new pair")
+    parser.add_argument("--save-dir", required=True, type=Path, help="fine-tuned checkpoints go here")
+    parser.add_argument("--vocab-from", type=Path,
+                        help="the original prepared directory (default: from run.json beside the checkpoint)")
+    parser.add_argument("--train-config", nargs=3, metavar=("DATASET", "VARIANT", "LAYERS"),
+                        help="the original training config (default: from run.json beside the checkpoint)")
+    for split in ("train", "valid", "test"):
+        parser.add_argument(f"--{split}", nargs="+", default=[], metavar="FILE",
+                            help=f"--dataset custom: {split} data as SRC_FILE TGT_FILE or one TSV")
+    parser.add_argument("--nprocs", type=int, default=1)
+    parser.add_argument("--dry-run", action="store_true", help="prepare the data, print the training command")
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    ours, passthrough = train.split_passthrough(argv)
+    args = build_parser().parse_args(ours)
+    config = None
+    if args.train_config:
+        dataset, variant, layers = args.train_config
+        if not layers.isdigit():
+            raise UserError(f"--train-config LAYERS must be a number, got {layers!r}")
+        config = (dataset, variant, int(layers))
+    corpus = {split: getattr(args, split) for split in ("train", "valid", "test") if getattr(args, split)}
+    request = FinetuneRequest(args.checkpoint, args.dataset, args.source_lang, args.target_lang, args.data_out,
+                              args.save_dir, args.vocab_from, config, corpus, args.nprocs, passthrough)
+    finetune(request, dry_run=args.dry_run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""Run the paper's matrix (dataset x variant x depth x seed) and tabulate it.
+
+Each run trains with :mod:`residual_fairseq.train` (which resumes an interrupted
+run) and is then evaluated on the test set with
+:func:`residual_fairseq.evaluate.evaluate_run`; a run whose ``result.json`` exists
+is finished and skipped. The results are summarized as mean +/- std over seeds in
+``OUT/results.md`` and ``OUT/results.csv``, and the validation loss/BLEU curves
+parsed from each run's JSON log are drawn in ``OUT/curves.png``.
+
+Layout::
+
+    OUT/runs/<dataset>/<variant>-<L>l/seed<S>/   checkpoints, train.log, run.json, result.json
+    OUT/results.md  OUT/results.csv  OUT/curves.png
+
+CLI::
+
+    residual-fairseq-reproduce --dataset sample-es-en --data data/sample/bin \\
+        --variants post_ln resi_dual --seeds 1 2 --out results/sample
+"""
+import argparse
+import csv
+import io
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from . import configs, train
+from .errors import UserError, cli_main
+from .variants import VARIANTS
+
+RESULT_NAME = "result.json"
+METRICS = (  # (column, label in the markdown table)
+    ("test_bleu", "test sacreBLEU"),
+    ("test_chrf", "test chrF"),
+    ("test_tok_bleu", "test tok. BLEU"),
+    ("best_valid_bleu", "best valid BLEU"),
+    ("last_valid_loss", "last valid loss"),
+)
+_VALID_LINE = re.compile(r"\| valid \| (\{.*\})\s*$")
+
+
+@dataclass(frozen=True)
+class Run:
+    dataset: str
+    variant: str
+    layers: int
+    seed: int
+    data: Path
+    out: Path
+
+    @property
+    def save_dir(self) -> Path:
+        return self.out / "runs" / self.dataset / configs.config_name(self.variant, self.layers) / f"seed{self.seed}"
+
+    @property
+    def result_path(self) -> Path:
+        return self.save_dir / RESULT_NAME
+
+    @property
+    def finished(self) -> bool:
+        return self.result_path.is_file()
+
+
+def matrix(data: dict, out: Path, variants=VARIANTS, layers=None, seeds=(1,)) -> List[Run]:
+    """Every run of the matrix; ``data`` maps each dataset to its fairseq data directory.
+
+    ``layers`` None means each dataset's shipped depths; otherwise depths a dataset
+    does not ship are an error.
+    """
+    runs = []
+    for dataset, data_dir in data.items():
+        for depth in (layers or configs.DATASETS[dataset].depths):
+            for variant in variants:
+                configs.check_choice(dataset, variant, depth)
+                runs += [Run(dataset, variant, depth, seed, Path(data_dir), Path(out)) for seed in seeds]
+    return runs
+
+
+def train_request(run: Run, nprocs: int = 1, extra_args=()) -> train.TrainRequest:
+    return train.TrainRequest(run.dataset, run.variant, run.layers, run.data, run.save_dir, seed=run.seed,
+                              nprocs=nprocs, extra_args=list(extra_args))
+
+
+def evaluation_options(run: Run) -> dict:
+    """evaluate_run keyword arguments: the dataset's choices plus how the data were segmented."""
+    options = dict(configs.DATASETS[run.dataset].evaluation)
+    manifest_path = run.data.parent / "manifest.json"  # residual-fairseq-prepare's OUT/bin layout
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        options["subword"] = manifest.get("subword", {}).get("method", "none")
+        if manifest.get("settings", {}).get("tokenizer") == "moses":
+            options["detok_lang"] = manifest["target_lang"]
+    else:
+        # Not prepared by us: infer from the config's validation-BLEU settings.
+        task = configs.load(run.dataset, run.variant, run.layers)["task"]
+        options["subword"] = {"@@ ": "subword_nmt", "sentencepiece": "sentencepiece"}.get(
+            task.get("eval_bleu_remove_bpe"), "none")
+        if task.get("eval_bleu_detok") == "moses":
+            options["detok_lang"] = task.get("target_lang")
+    return options
+
+
+def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_run: bool = False) -> Optional[dict]:
+    """Train (or resume) and evaluate one run; returns its result (None in a dry run).
+
+    ``eval_overrides`` are evaluate_run keyword arguments that win over the dataset's.
+    """
+    label = f"{run.dataset} {run.variant} {run.layers}L seed {run.seed}"
+    if run.finished:
+        print(f"skip {label}: finished ({run.result_path})", flush=True)
+        return json.loads(run.result_path.read_text(encoding="utf-8"))
+    print(f"=== {label} -> {run.save_dir}", flush=True)
+    train.train(train_request(run, nprocs, extra_args), dry_run=dry_run)
+    options = {**evaluation_options(run), **(eval_overrides or {})}
+    if dry_run:
+        shown = ", ".join(f"{key}={value!r}" for key, value in options.items())
+        print(f"would evaluate: evaluate_run({str(run.save_dir)!r}, {str(run.data)!r}, {shown})", flush=True)
+        return None
+    from .evaluate import evaluate_run
+
+    return evaluate_run(run.save_dir, run.data, out_json=run.result_path, **options)
+
+
+# --- collecting ----------------------------------------------------------------------------
+
+def validation_curve(log_path: Path) -> List[dict]:
+    """(updates, loss, bleu) of every validation in a fairseq ``--log-format json`` log file."""
+    points = []
+    if not Path(log_path).is_file():
+        return points
+    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _VALID_LINE.search(line)
+        if not match:
+            continue
+        stats = json.loads(match.group(1))
+        bleu = stats.get("valid_bleu")
+        points.append({"updates": int(float(stats["valid_num_updates"])), "loss": float(stats["valid_loss"]),
+                       "bleu": float(bleu) if bleu is not None else None})
+    return points
+
+
+def run_metrics(run: Run) -> dict:
+    """The numbers one finished run contributes to the table."""
+    result = json.loads(run.result_path.read_text(encoding="utf-8"))
+    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    bleus = [point["bleu"] for point in curve if point["bleu"] is not None]
+    return {
+        "test_bleu": result["sacrebleu"]["score"],
+        "test_chrf": result["chrf"]["score"],
+        "test_tok_bleu": result.get("tokenized_bleu", {}).get("score"),
+        "best_valid_bleu": max(bleus) if bleus else None,
+        "last_valid_loss": curve[-1]["loss"] if curve else None,
+    }
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (None when there are fewer than 2 values)."""
+    values = [value for value in values if value is not None]
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1))
+
+
+def summarize(runs: List[Run]) -> List[dict]:
+    """One row per (dataset, variant, layers) over the finished seeds."""
+    groups = {}
+    for run in runs:
+        if run.finished:
+            groups.setdefault((run.dataset, run.variant, run.layers), []).append(run)
+    rows = []
+    for (dataset, variant, layers), members in groups.items():
+        metrics = [run_metrics(run) for run in members]
+        row = {"dataset": dataset, "variant": variant, "layers": layers,
+               "seeds": " ".join(str(run.seed) for run in members)}
+        for column, _ in METRICS:
+            row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
+        rows.append(row)
+    return rows
+
+
+def _cell(mean, std):
+    if mean is None:
+        return "-"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown_table(rows: List[dict]) -> str:
+    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in METRICS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"]]
+        cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: List[dict]) -> str:
+    buffer = io.StringIO()
+    fields = ["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in METRICS for s in ("mean", "std")]
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: ("" if row[key] is None else row[key]) for key in fields})
+    return buffer.getvalue()
+
+
+def plot_curves(runs: List[Run], path: Path) -> Path:
+    """Validation loss and BLEU against updates: a row per dataset, a colour per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(run.dataset for run in runs))
+    figure, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.6 * len(datasets)), squeeze=False)
+    colours = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green")))
+    styles = {}
+    for run in runs:
+        curve = validation_curve(run.save_dir / train.LOG_NAME)
+        if not curve:
+            continue
+        row = axes[datasets.index(run.dataset)]
+        style = styles.setdefault(run.layers, ("-", "--", ":", "-.")[len(styles) % 4])
+        label = f"{run.variant} {run.layers}L seed {run.seed}"
+        updates = [point["updates"] for point in curve]
+        row[0].plot(updates, [point["loss"] for point in curve], style, color=colours[run.variant],
+                    marker="o", markersize=3, label=label)
+        bleu_points = [(point["updates"], point["bleu"]) for point in curve if point["bleu"] is not None]
+        if bleu_points:
+            row[1].plot(*zip(*bleu_points), style, color=colours[run.variant], marker="o", markersize=3,
+                        label=label)
+    for dataset, row in zip(datasets, axes):
+        for axis, what in zip(row, ("valid loss", "valid BLEU")):
+            axis.set_title(f"{dataset}: {what}")
+            axis.set_xlabel("updates")
+            axis.grid(alpha=0.3)
+            if axis.get_lines():
+                axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    figure.savefig(tmp, dpi=110)
+    plt.close(figure)
+    tmp.replace(path)
+    return path
+
+
+def write_reports(runs: List[Run], out: Path) -> dict:
+    """results.md, results.csv and curves.png in ``out``; returns their paths."""
+    rows = summarize(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
+    for key, text in (("markdown", markdown_table(rows)), ("csv", csv_table(rows))):
+        tmp = paths[key].with_name(f".{paths[key].name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(paths[key])
+    plot_curves(runs, paths["png"])
+    return paths
+
+
+def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_overrides=None,
+              dry_run: bool = False):
+    """Run (or skip) every run, then write the reports; returns the report paths (None if dry)."""
+    for run in runs:
+        run_one(run, nprocs, extra_args, eval_overrides, dry_run)
+    if dry_run:
+        return None
+    paths = write_reports(runs, out)
+    print(Path(paths["markdown"]).read_text(encoding="utf-8"), end="")
+    print("wrote " + ", ".join(str(path) for path in paths.values()), flush=True)
+    return paths
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+def parse_data(values, datasets) -> dict:
+    """``--data DIR`` (one dataset) or ``--data DATASET=DIR`` (any number)."""
+    data = {}
+    for value in values:
+        dataset, sep, directory = value.partition("=")
+        if not sep:
+            if len(datasets) != 1:
+                raise UserError("with several --dataset values give --data DATASET=DIR for each")
+            dataset, directory = datasets[0], value
+        data[dataset] = directory
+    missing = [dataset for dataset in datasets if dataset not in data]
+    unknown = [dataset for dataset in data if dataset not in datasets]
+    if missing or unknown:
+        raise UserError(f"--data must name each --dataset once (missing: {', '.join(missing) or '-'}; "
+                        f"not in --dataset: {', '.join(unknown) or '-'})")
+    return {dataset: data[dataset] for dataset in datasets}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-reproduce",
+        description="Train and evaluate dataset x variant x depth x seed, skipping finished runs, "
+                    "and tabulate mean ± std over seeds. Flags after -- go to every fairseq-train.",
+    )
+    parser.add_argument("--dataset", nargs="+", required=True, choices=list(configs.DATASETS))
+    parser.add_argument("--data", nargs="+", required=True, metavar="[DATASET=]DIR",
+                        help="fairseq data directory (the prepared bin/) of each dataset")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--layers", nargs="+", type=int, help="depths (default: each dataset's shipped depths)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    parser.add_argument("--out", required=True, help="runs and reports go here")
+    parser.add_argument("--nprocs", type=int, default=1, help="processes per training (see residual-fairseq-train)")
+    parser.add_argument("--beam", type=int, help="test-set beam size (default: the dataset's)")
+    parser.add_argument("--generate-args", default="",
+                        help='extra fairseq-generate flags for the test set, e.g. "--max-len-b 50"')
+    parser.add_argument("--report-only", action="store_true", help="only (re)write the tables and plot")
+    parser.add_argument("--dry-run", action="store_true", help="print every command without running")
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    ours, passthrough = train.split_passthrough(argv)
+    args = build_parser().parse_args(ours)
+    data = parse_data(args.data, args.dataset)
+    runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds)
+    print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
+          f"{shlex.join(passthrough) or '-'}", flush=True)
+    if args.report_only:
+        paths = write_reports(runs, Path(args.out))
+        print("wrote " + ", ".join(str(path) for path in paths.values()))
+        return
+    eval_overrides = {"generate_args": shlex.split(args.generate_args)} if args.generate_args else {}
+    if args.beam:
+        eval_overrides["beam"] = args.beam
+    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run)
+
+
+if __name__ == "__main__":
+    main()

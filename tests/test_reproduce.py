@@ -1,0 +1,52 @@
+"""residual-fairseq-reproduce: a 2-variant matrix on the sample corpus, end to end, then skipped."""
+import csv
+
+from fixtures_training import sample_prepared  # noqa: F401  (session fixture)
+from helpers import CLI_ENV, REPO, run
+from residual_fairseq import reproduce
+
+# Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
+FAIRSEQ_FLAGS = ["--max-update", "4", "--validate-interval-updates", "2", "--max-tokens", "1024", "--max-valid-steps", "1",
+                 "--eval-bleu-args", '{"beam": 1, "max_len_a": 0, "max_len_b": 6}', "--no-epoch-checkpoints"]
+
+
+def test_validation_curve_parses_fairseq_json_log(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        '2026-01-01 00:00:00 | INFO | train_inner | {"epoch": 1, "loss": "9.1", "num_updates": "2"}\n'
+        '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "8.5", "valid_bleu": "1.25", '
+        '"valid_num_updates": "2"}\n'
+        '2026-01-01 00:00:02 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "4"}\n')
+    assert reproduce.validation_curve(log) == [
+        {"updates": 2, "loss": 8.5, "bleu": 1.25}, {"updates": 4, "loss": 7.5, "bleu": None}]
+    assert reproduce.mean_std([1.0, 3.0]) == (2.0, 2 ** 0.5) and reproduce.mean_std([5.0]) == (5.0, None)
+
+
+def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path):  # noqa: F811
+    out = tmp_path / "results"
+    command = ["python3", REPO / "scripts" / "reproduce.py", "--dataset", "sample-es-en",
+               "--data", sample_prepared / "bin", "--variants", "post_ln", "resi_dual", "--layers", "3",
+               "--out", out, "--beam", "1", "--generate-args", "--max-len-a 0 --max-len-b 6 --max-tokens 2048"]
+    dry = run(command + ["--dry-run", "--", *FAIRSEQ_FLAGS], env=CLI_ENV)
+    command += ["--", *FAIRSEQ_FLAGS]
+    assert dry.stdout.count("would run:") == 2 and dry.stdout.count("would evaluate:") == 2
+    assert not (out / "results.md").exists()
+
+    first = run(command, env=CLI_ENV)
+    assert "2 runs (0 finished)" in first.stdout
+    table = (out / "results.md").read_text()
+    assert "| sample-es-en | post_ln | 3 | 1 |" in table and "| sample-es-en | resi_dual | 3 | 1 |" in table
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [row["variant"] for row in rows] == ["post_ln", "resi_dual"]
+    for row in rows:
+        assert float(row["test_bleu_mean"]) >= 0 and float(row["last_valid_loss_mean"]) > 0
+    png = (out / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    for variant in ("post_ln", "resi_dual"):
+        save_dir = out / "runs" / "sample-es-en" / f"{variant}-3l" / "seed1"
+        assert len(reproduce.validation_curve(save_dir / "train.log")) == 2
+        assert (save_dir / "result.json").is_file()
+
+    again = run(command, env=CLI_ENV)
+    assert "2 runs (2 finished)" in again.stdout and again.stdout.count("skip sample-es-en") == 2
+    assert "running:" not in again.stdout
