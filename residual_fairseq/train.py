@@ -215,14 +215,6 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     return train_plan
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, layers_required: bool = True):
-    """--dataset/--variant/--layers, shared by the train and fine-tune CLIs."""
-    parser.add_argument("--dataset", required=True, choices=list(configs.DATASETS), help="config family")
-    parser.add_argument("--variant", required=True, choices=VARIANTS, help="residual scheme")
-    parser.add_argument("--layers", type=int, required=layers_required,
-                        help="encoder and decoder depth (one of the dataset's shipped depths)")
-
-
 def split_passthrough(argv):
     """(our arguments, fairseq arguments after a lone ``--``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -239,7 +231,10 @@ def build_parser():
         epilog="example: residual-fairseq-train --dataset sample-es-en --variant resi_dual --layers 3 "
                "--data data/sample/bin --save-dir checkpoints/sample -- --max-epoch 1",
     )
-    add_config_arguments(parser)
+    parser.add_argument("--dataset", required=True, choices=list(configs.DATASETS), help="config family")
+    parser.add_argument("--variant", required=True, choices=VARIANTS, help="residual scheme")
+    parser.add_argument("--layers", type=int, required=True,
+                        help="encoder and decoder depth (one of the dataset's shipped depths)")
     parser.add_argument("--data", required=True, help="fairseq data directory (the prepared bin/)")
     parser.add_argument("--save-dir", required=True, help="checkpoints, train.log and run.json go here")
     parser.add_argument("--seed", type=int, help="override the config's seed")
