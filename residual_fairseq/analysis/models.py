@@ -53,7 +53,7 @@ def load_checkpoint(path, task):
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     try:
-        models, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)], task=task)
+        models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(path)], task=task)
     except RuntimeError as err:
         # Typically "size mismatch for encoder.embed_tokens.weight": other dictionaries.
         first_line = str(err).strip().splitlines()[-1].strip()
