@@ -15,8 +15,14 @@ MAX_POSITIONS = (1024, 1024)
 
 
 def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
-    """fairseq's translation task over a ``fairseq-preprocess`` output directory."""
+    """fairseq's translation task over a ``fairseq-preprocess`` output directory.
+
+    The output directory of ``residual-fairseq-prepare`` also works: its binarized
+    data is in ``bin/``.
+    """
     data_dir = Path(data_dir)
+    if (data_dir / "bin").is_dir() and not list(data_dir.glob("dict.*")):
+        data_dir = data_dir / "bin"
     if not data_dir.is_dir():
         raise UserError(f"--data {data_dir}: no such directory (pass a fairseq-preprocess output)")
     if not any(name.startswith("dict.") for name in os.listdir(data_dir)):

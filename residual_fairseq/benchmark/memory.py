@@ -5,11 +5,19 @@ per measurement. CPU has no allocator statistics, so the peak resident set size 
 used: Linux's high-water mark (VmHWM) is reset to the current RSS by writing 5 to
 ``/proc/self/clear_refs``. RSS also depends on what the allocator kept from earlier
 work in the same process, which is why the speed benchmark runs every measurement in
-a fresh child process. Library code paged in on first use (``RssFile``) is not
+a fresh child process, with glibc's mmap threshold fixed at 64 KiB (CPU_CHILD_ENV):
+by default glibc raises that threshold as memory is freed and then serves tensors
+from its heap, whose retained, fragmented pages made the same model's peak RSS
+differ by ~100 MiB with nothing but the order of allocations changed (Post-LN
+1188 vs ResiDual 1288 MiB at iwslt_de_en 6+6 layers; 929 vs 933 MiB with the
+threshold fixed, where freed tensors go back to the OS at once). Library code paged in on first use (``RssFile``) is not
 memory the model uses, so its growth is subtracted; PyTorch's own one-time buffers
 (thread pools, kernel caches: ~100 MiB here) are anonymous memory and stay in.
 """
 import torch
+
+# Environment of a CPU measurement process (read by glibc at process start).
+CPU_CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
 
 
 def _proc_status_kib(field):

@@ -20,7 +20,7 @@ import torch
 from ..errors import UserError
 from ..variants import VARIANTS
 from .data import draw_batches, first_sentences, load_task
-from .memory import PeakMemory
+from .memory import CPU_CHILD_ENV, PeakMemory
 from .training import Trainer, autocast, build_variant, check_precision, resolve_device, to_device
 
 BASELINE = "post_ln"
@@ -82,6 +82,7 @@ def measure(job: Job) -> dict:
     decode_seconds, sentences = _beam_decode(task, model, decode, job, device)
     return {
         **{k: getattr(job, k) for k in ("variant", "preset", "layers", "repeat")},
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens_per_s": sum(b["ntokens"] for b in timed) / train_seconds,
         "train_seconds": train_seconds,
@@ -122,8 +123,18 @@ def _synchronize(device):
 
 def run_isolated(job: Job) -> dict:
     """``measure(job)`` in a new process (spawned, so nothing is shared with this one)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(measure, job).result()
+    env = CPU_CHILD_ENV if job.device == "cpu" else {}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # a spawned process starts with this process's environment
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            return pool.submit(measure, job).result()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def schedule(configs, variants, repeats):
