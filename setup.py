@@ -3,7 +3,23 @@
 torch is deliberately *not* pinned here: pip keeps whatever torch the user already
 has. On a machine without torch, install one first (see README: Install).
 """
+import shutil
+from pathlib import Path
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# Shipped inside the package (see residual_fairseq/resources.py): the hydra configs
+# and the sample corpus live at the repository root, and a wheel carries copies.
+SHIPPED = {"configs": "configs", "sample-es-en": "data/sample-es-en"}
+
+
+class BuildWithShippedFiles(build_py):
+    def run(self):
+        super().run()
+        for name, source in SHIPPED.items():
+            target = Path(self.build_lib) / "residual_fairseq" / name
+            shutil.copytree(source, target, dirs_exist_ok=True)
 
 # ve-fairseq ships ready-made wheels of upstream fairseq for CPython 3.11/3.12 on
 # Linux x86_64; everywhere else fairseq-fixed builds the same code from source.
@@ -26,8 +42,7 @@ setup(
     license="MIT",
     python_requires=">=3.9",
     packages=find_packages(include=["residual_fairseq", "residual_fairseq.*"]),
-    include_package_data=True,
-    package_data={"residual_fairseq": ["configs/*.yaml", "configs/**/*.yaml"]},
+    cmdclass={"build_py": BuildWithShippedFiles},
     install_requires=[
         f"ve-fairseq==0.12.3; {WHEEL_PLATFORM}",
         f"fairseq-fixed==0.12.3.1; {OTHER_PLATFORMS}",

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from .errors import UserError, cli_main
+from .resources import shipped_dir
 from .variants import VARIANTS, arch_name, variant_overrides
 MISSING = "???"
 BASE_NAME = "base"
@@ -71,11 +72,7 @@ GROUP_NAME_FLAGS = {
 
 def config_dir() -> Path:
     """``configs/``: inside an installed package, else beside it in the source tree."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "configs", package.parent / "configs"):
-        if candidate.is_dir():
-            return candidate
-    raise UserError(f"configs directory not found next to {package}")
+    return shipped_dir("configs")
 
 
 def config_name(variant: str, layers: int) -> str:

@@ -1,7 +1,6 @@
 """Fine-tuning on a new pair: the sample es->en model continues on en->es with its vocabulary."""
 import pytest
 
-from fixtures_training import sample_prepared  # noqa: F401  (session fixture)
 from helpers import CLI_ENV, REPO, run
 from residual_fairseq import finetune, train
 

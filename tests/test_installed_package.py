@@ -26,6 +26,17 @@ def test_wheel_in_fresh_venv_trains_and_generates(toy_data_bin, tmp_path):
     env = {**CLI_ENV, "PYTHONPATH": ""}
     user_dir = run([bin_dir / "python", "-m", "residual_fairseq"], cwd=workdir, env=env).stdout.strip()
     assert user_dir.startswith(str(venv)), user_dir
+    # The configs and the sample corpus ship inside the wheel.
+    shipped = run([bin_dir / "python", "-c", (
+        "from residual_fairseq.resources import shipped_dir as d; "
+        "print(d('configs') / 'sample-es-en' / 'resi_dual-3l.yaml'); print(d('sample-es-en') / 'train.tsv.gz')"
+    )], cwd=workdir, env=env).stdout.split()
+    assert all(path.startswith(user_dir) for path in shipped), shipped
+    dry_run = run([
+        bin_dir / "residual-fairseq-train", "--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "3",
+        "--data", toy_data_bin, "--save-dir", tmp_path / "dry", "--dry-run",
+    ], cwd=workdir, env=env)
+    assert "--arch resi_dual" in dry_run.stdout and user_dir in dry_run.stdout
     save_dir = tmp_path / "ckpt"
     run([
         bin_dir / "fairseq-train", toy_data_bin, "--user-dir", user_dir, *TINY_TRAIN_ARGS,

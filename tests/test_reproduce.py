@@ -1,7 +1,6 @@
 """residual-fairseq-reproduce: a 2-variant matrix on the sample corpus, end to end, then skipped."""
 import csv
 
-from fixtures_training import sample_prepared  # noqa: F401  (session fixture)
 from helpers import CLI_ENV, REPO, run
 from residual_fairseq import reproduce
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .corpus import Bitext, Cleaning, CorpusBuild
 from .download import download, find_file, sha256_of, unpack_sources
+from ..resources import shipped_dir
 from .errors import DataPreparationError
 from .text import (
     Lowercase, MosesTokenize, NormalizePunctuation, Pipeline, RemoveNonPrinting, ReplaceCurlyApostrophe,
@@ -19,7 +20,6 @@ from .text import (
 )
 from .textio import pair_up, read_lines, read_tsv_pairs
 
-REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}(?:[_-][A-Za-z0-9]+)?$")
 
 
@@ -416,18 +416,17 @@ class SampleEsEn(OwnCorpus):
     languages = ("es", "en")
     defaults = dict(tokenizer="none", lowercase=False, subword="spm-bpe", vocab_size=8000,
                     min_len=1, max_len=250, length_ratio=0, clean_stage="after")
-    DIRECTORY = REPO_DATA_DIR / "sample-es-en"
     COLUMNS = {"es": 1, "en": 2}  # reference<TAB>es<TAB>en
 
     def resolve(self, options):
         return Recipe.resolve(self, options)
 
     def corpus_dir(self, options):
-        directory = Path(options.from_archive[0]) if options.from_archive else self.DIRECTORY
+        directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
         if not (directory / "train.tsv.gz").is_file():
             raise DataPreparationError(
                 f"sample corpus not found in {directory}: pass --from-archive path/to/data/sample-es-en "
-                "(it lives in the residual-fairseq source tree)"
+                "(it ships in the residual-fairseq source tree and wheel)"
             )
         return directory
 
