@@ -37,6 +37,7 @@ from typing import List, Optional
 
 from . import USER_DIR, configs
 from .errors import UserError, cli_main
+from .safe_checkpoints import repair_last_checkpoint, verify_checkpoint_file
 from .variants import VARIANTS
 
 LOG_NAME = "train.log"
@@ -115,6 +116,10 @@ def plan(request: TrainRequest) -> TrainPlan:
         notes.append(f"resuming from {save_dir / 'checkpoint_last.pt'}")
 
     base = [fairseq_train_executable()] + configs.fairseq_train_args(settings) + list(request.extra_args)
+    if request.nprocs > 1:
+        # Without it, rank 0 sends the resumed state to the others through
+        # torch.load of an in-memory pickle, which weights-only loading refuses.
+        base.append("--load-checkpoint-on-all-dp-ranks")
     if request.nprocs == 1:
         commands = [base]
     elif not cpu:
@@ -208,6 +213,13 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     print(("would run" if dry_run else "running") + ":\n" + train_plan.describe(), flush=True)
     if dry_run:
         return train_plan
+    last = Path(request.save_dir) / "checkpoint_last.pt"
+    repaired_from = repair_last_checkpoint(request.save_dir)
+    if repaired_from is not None:
+        print(f"note: {last} was truncated (a crash while fairseq copied it); resuming from {repaired_from}",
+              flush=True)
+    if last.exists():
+        verify_checkpoint_file(last)
     write_run_record(request, train_plan)
     returncode = execute(train_plan, Path(request.save_dir))
     if returncode != 0:

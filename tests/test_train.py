@@ -45,6 +45,7 @@ def test_cpu_multi_process_uses_gloo_ranks(toy_data_bin, tmp_path):
         text = shlex.join(command)
         assert "--distributed-backend gloo --ddp-backend legacy_ddp" in text
         assert "--distributed-world-size 2" in text and "--distributed-no-spawn" in text
+        assert "--load-checkpoint-on-all-dp-ranks" in text  # resume without a weights-only broadcast
         assert command[-2:] == ["--distributed-rank", str(rank)]
     gpu = train.plan(request(toy_data_bin, tmp_path, nprocs=4, cpu=False))
     assert len(gpu.commands) == 1 and gpu.commands[0][-2:] == ["--distributed-world-size", "4"]
@@ -79,8 +80,12 @@ def test_train_then_resume(toy_data_bin, tmp_path):
     log = (save_dir / "train.log").read_text()
     assert '"valid_loss"' in log and '"num_updates": "4"' in log
 
+    # A kill while fairseq copies checkpoint_last.pt leaves it truncated: the driver repairs it.
+    last = save_dir / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:4096])
     second = run(base + ["--max-update", "6"], env=CLI_ENV)
     assert "resuming from" in second.stdout
+    assert f"{last} was truncated" in second.stdout and "checkpoint_best.pt" in second.stdout
     log = (save_dir / "train.log").read_text()
     assert "Loaded checkpoint" in log and '"num_updates": "6"' in log
 
