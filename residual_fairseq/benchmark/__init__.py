@@ -103,6 +103,8 @@ def main(argv=None):
     # Imported here so that --help answers without the ~5 s import of fairseq.
     from .report import depth_report, echo, environment, speed_report, write_outputs
 
+    started = environment(argv)  # its date is when the run began
+
     common = dict(
         variants=parse_variants(args.variants), max_tokens=args.max_tokens, device=args.device,
         precision=args.precision, threads=args.threads, seed=args.seed,
@@ -126,7 +128,7 @@ def main(argv=None):
             **common,
         )
         render = depth_report
-    report["environment"] = environment(argv)
+    report["environment"] = started
     print(render(report))
     write_outputs(report, render, args.json, args.markdown)
     return 0
