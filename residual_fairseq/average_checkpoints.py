@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .errors import UserError, cli_main
+from .safe_checkpoints import verify_checkpoint_file
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")      # checkpoint_3_5000.pt
@@ -55,8 +56,7 @@ def load_checkpoint_file(path) -> dict:
     """One checkpoint file, on CPU, without unpickling anything but tensors and plain data."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory: give checkpoint files, or --num-epoch-checkpoints N")
-    if not os.path.isfile(path):
-        raise UserError(f"checkpoint not found: {path}")
+    verify_checkpoint_file(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as err:

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 from . import USER_DIR
 from .average_checkpoints import atomic_output, average_last_checkpoints
 from .errors import UserError, cli_main
+from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations
 
 # fairseq-generate's --remove-bpe value for each way the data may be segmented; the
@@ -64,14 +65,14 @@ def resolve_checkpoint(checkpoint, last_n: Optional[int] = None, update_based: b
     if checkpoint.is_file():
         if last_n:
             raise UserError(f"averaging the last {last_n} checkpoints needs a checkpoint directory, got a file: {checkpoint}")
-        return checkpoint, [str(checkpoint)]
+        return verify_checkpoint_file(checkpoint), [str(checkpoint)]
     if not checkpoint.is_dir():
         raise UserError(f"checkpoint not found: {checkpoint}")
     if not last_n:
         best = checkpoint / "checkpoint_best.pt"
         if not best.is_file():
             raise UserError(f"no checkpoint_best.pt in {checkpoint}: give a checkpoint file or --last-n N")
-        return best, [str(best)]
+        return verify_checkpoint_file(best), [str(best)]
     if last_n < 1:
         raise UserError(f"--last-n must be at least 1, got {last_n}")
     suffix = "_updates" if update_based else ""

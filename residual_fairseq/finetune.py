@@ -25,6 +25,7 @@ from typing import List, Optional
 
 from . import train
 from .errors import UserError, cli_main
+from .safe_checkpoints import verify_checkpoint_file
 
 
 class VocabularyMismatch(UserError):
@@ -74,10 +75,7 @@ def embedding_rows(checkpoint: Path) -> dict:
     """Rows of the checkpoint's source and target embedding tables."""
     import torch
 
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"checkpoint not found: {checkpoint}") from None
+    state = torch.load(verify_checkpoint_file(checkpoint), map_location="cpu", weights_only=True)
     weights = state.get("model", {})
     rows = {}
     for side, key in (("source", "encoder.embed_tokens.weight"), ("target", "decoder.embed_tokens.weight")):

@@ -70,7 +70,31 @@ def verify_checkpoint_file(path) -> Path:
             f"refusing to load checkpoint {path}: it would import {', '.join(unsafe)}, "
             "which a fairseq checkpoint never needs (loading it could run code)"
         )
+    arch = checkpoint_architecture(path)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    if arch is not None and arch not in ARCH_MODEL_REGISTRY:
+        # fairseq itself dies here with "IndexError: Replacement index 1 out of range".
+        raise UserError(
+            f"checkpoint {path} was trained with architecture {arch!r}, which is not registered: "
+            "load the plugin that defines it (fairseq: --user-dir)"
+        )
     return path
+
+
+def checkpoint_architecture(path):
+    """The ``--arch`` (or hydra ``model._name``) a fairseq checkpoint was trained with.
+
+    Memory-maps the file, so the weights are not read.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a fairseq checkpoint")
+    if state.get("args") is not None:
+        return getattr(state["args"], "arch", None)
+    model_cfg = (state.get("cfg") or {}).get("model") or {}
+    get = model_cfg.get if hasattr(model_cfg, "get") else lambda key: getattr(model_cfg, key, None)
+    return get("_name") or get("arch")
 
 
 def repair_last_checkpoint(save_dir):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from .errors import UserError, cli_main
+from .safe_checkpoints import verify_checkpoint_file
 from .model import ResiDualModel
 
 # Subword model files looked for in the data directory and its parent (the
@@ -110,8 +111,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
-    if not checkpoint.is_file():
-        raise UserError(f"checkpoint not found: {checkpoint}")
+    verify_checkpoint_file(checkpoint)
     data = Path(data) if data is not None else checkpoint.parent
     if not data.is_dir() or not any(data.glob("dict.*.txt")):
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
