@@ -151,15 +151,18 @@ def plot_dual_stream(runs, path):
                 s = m.stacks[stack]
                 shade = 0.35 + 0.65 * (k + 1) / len(run.steps)
                 layers = range(1, len(s.dual_max_abs) + 1)
-                ax.plot(layers, s.dual_max_abs, color="tab:green", alpha=shade, label=f"{run.label} max|d| @{step}")
+                # Later updates darker; only the first and last go into the legend.
+                named = k in (0, len(run.steps) - 1)
+                ax.plot(layers, s.dual_max_abs, color="tab:green", alpha=shade,
+                        label=f"{run.label} largest |d| entry, update {step}" if named else None)
                 ax.plot(layers, s.dual_norm, color="tab:olive", alpha=shade, linestyle="--",
-                        label=f"{run.label} mean ||d|| @{step}")
+                        label=f"{run.label} mean token norm ||d||, update {step}" if named else None)
         ax.axhline(FP16_MAX, color="k", linestyle=":", label="fp16 max")
         ax.set_yscale("log")
         ax.set_title(f"{stack}: ResiDual dual stream d after each layer", fontsize=10)
         ax.set_xlabel("layer (1 = lowest)")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
