@@ -100,7 +100,7 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    # Imported here so that --help answers without the ~5 s import of fairseq.
+    # Imported after parsing, so that bad options fail before the runs set anything up.
     from .report import depth_report, echo, environment, speed_report, write_outputs
 
     started = environment(argv)  # its date is when the run began
