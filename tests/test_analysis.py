@@ -163,7 +163,7 @@ def test_paper_claims_at_initialisation_depth_24(toy, seed):
     m = {v: measure(fresh_model(v, task, seed=seed, **DEEP), criterion, batches).stacks for v in VARIANTS}
     post, pre, resi = m["post_ln"], m["pre_ln"], m["resi_dual"]
     # Gradient vanishing in Post-LN: at init it shows in the decoder (its lowest
-    # layer's gradient is 40-500x below the top's over seeds 1-10); in the encoder
+    # layer's parameter gradient is 64-528x below the top's over seeds 1-10); in the encoder
     # the direction flips between seeds, so it is not asserted there.
     assert post["decoder"].param_grad_norm[0] < post["decoder"].param_grad_norm[-1]
     assert post["decoder"].input_grad_norm[0] < post["decoder"].input_grad_norm[-1]
@@ -231,7 +231,7 @@ def test_cli_analyses_a_trained_checkpoint(trained_tiny, tmp_path):
 @pytest.mark.parametrize("bad_args, message", [
     (["--variants", "post_ln", "--layers", "0"], "--layers must be at least 1"),
     (["--checkpoint", "nopath"], "LABEL=PATH"),
-    (["--checkpoint", "x=/nonexistent.pt"], "does not exist"),
+    (["--checkpoint", "x=/nonexistent.pt"], "checkpoint not found"),
     (["--split", "nosuchsplit"], "nosuchsplit"),
     (["--variants"], "nothing to analyse"),
     (["--merge", "/nonexistent/analysis.json"], "cannot read"),

@@ -1,10 +1,9 @@
 """The models to analyse: fresh Post-LN / Pre-LN / ResiDual, or trained checkpoints."""
-from pathlib import Path
-
 import torch
 from fairseq import checkpoint_utils
 
 from ..errors import UserError
+from ..safe_checkpoints import verify_checkpoint_file
 from ..variants import VARIANTS, build_model
 
 # Size options of the CLI -> fairseq model options they set on both stacks.
@@ -49,9 +48,7 @@ def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
 
 def load_checkpoint(path, task):
     """A trained model from a fairseq checkpoint, built for ``task``'s dictionaries."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist")
+    path = verify_checkpoint_file(path)
     try:
         models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(path)], task=task)
     except RuntimeError as err:
