@@ -14,9 +14,10 @@ from .models import fresh_model, load_checkpoint
 from .report import runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
 
-EXAMPLE = """example (24-layer narrow models on the toy data, 300 updates):
-  residual-fairseq-analyze data-bin/sample-es-en --out analysis --layers 24 \\
-      --embed-dim 64 --ffn-dim 256 --heads 4 --train-steps 300 --measure-every 100
+EXAMPLE = """example (24-layer narrow models on the prepared sample corpus, 300 updates; docs/diagnostics.md):
+  residual-fairseq-analyze data/sample.prepared/bin --out analysis --layers 24 \\
+      --embed-dim 64 --ffn-dim 256 --heads 4 --train-steps 300 --measure-every 50 \\
+      --lr 1e-3 --warmup-updates 100 --max-tokens 1536 --batches 2
 """
 
 
