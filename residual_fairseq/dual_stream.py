@@ -33,6 +33,7 @@ class DualStream:
     def __init__(self, scale: float):
         self.scale = float(scale)
         self.value: Optional[Tensor] = None
+        self._value_is_own = False  # False while d_0 may alias x_0
         self._last_layer = -1
         self._num_layers = 0
 
@@ -46,15 +47,20 @@ class DualStream:
         # previous one was abandoned, e.g. by an exception). The first layer that
         # runs sees x_0 as its input, also when LayerDrop skipped the layers before it.
         if self.value is None or layer_index <= self._last_layer:
-            # At s = 1, d_0 is x_0 itself: no copy, and safe because d is never
-            # changed in place (every add below makes a new tensor).
+            # At s = 1, d_0 is x_0 itself: no copy (add() never writes into it).
             self.value = x if self.scale == 1.0 else self.scale * x
+            self._value_is_own = self.scale != 1.0
         self._last_layer = layer_index
 
     def add(self, sublayer_output: Tensor) -> None:
-        # One fused op: ``d + s * F`` would first materialise s * F, an extra
-        # activation-sized tensor per sublayer.
-        self.value = torch.add(self.value, sublayer_output, alpha=self.scale)
+        if self._value_is_own and not torch.is_grad_enabled():
+            # Inference (e.g. each beam-search step): accumulate in place rather
+            # than allocate a new d per sublayer; nothing needs the old d.
+            self.value.add_(sublayer_output, alpha=self.scale)
+        else:
+            # One fused op: ``d + s * F`` would first materialise s * F.
+            self.value = torch.add(self.value, sublayer_output, alpha=self.scale)
+            self._value_is_own = True
 
     def take(self) -> Tensor:
         if self.value is None:
