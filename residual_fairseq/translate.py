@@ -135,10 +135,16 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         if not path or not Path(path).is_file():
             raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
         overrides[option] = str(Path(path).resolve())
-    hub = ResiDualModel.from_pretrained(
-        str(checkpoint.parent.resolve()), checkpoint_file=checkpoint.name, data_name_or_path=str(data.resolve()),
-        bpe=bpe, tokenizer=tokenizer, **overrides,
-    )
+    try:
+        hub = ResiDualModel.from_pretrained(
+            str(checkpoint.parent.resolve()), checkpoint_file=checkpoint.name, data_name_or_path=str(data.resolve()),
+            bpe=bpe, tokenizer=tokenizer, **overrides,
+        )
+    except RuntimeError as err:
+        mismatch = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        if not mismatch:
+            raise
+        raise UserError(f"the dictionaries in {data} do not match checkpoint {checkpoint}: {mismatch[0]}") from None
     if cpu is None:
         import torch
 
