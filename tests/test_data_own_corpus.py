@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from residual_fairseq.data import PrepareOptions, prepare, prepare_sample_corpus
-from residual_fairseq.data.datasets import SampleEsEn
+from residual_fairseq.resources import shipped_dir
 from test_data_builders import numbered_pair, write_plain_pair, write_tsv
 
-SAMPLE_DIR = SampleEsEn.DIRECTORY
+SAMPLE_DIR = shipped_dir("sample-es-en")
 MARKUP = re.compile(r"[<>]|strong:[HG]?[0-9]|lemma=")
 SAMPLE_COUNTS = {"train": 28963, "valid": 1030, "test": 1091}  # as in data/sample-es-en/README.md
 
