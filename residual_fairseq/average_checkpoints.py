@@ -13,16 +13,15 @@ Files are read with ``torch.load(weights_only=True)``: importing this module imp
 """
 import argparse
 import collections
-import contextlib
 import os
 import pickle
 import re
-import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
 
+from .atomic import atomic_output
 from .errors import UserError, cli_main
 from .safe_checkpoints import verify_checkpoint_file
 
@@ -93,24 +92,6 @@ def average_checkpoints(paths: Sequence[str]) -> dict:
         averaged[name] = mean.to(dtypes[name])
     new_state["model"] = averaged
     return new_state
-
-
-@contextlib.contextmanager
-def atomic_output(output):
-    """Yield a temporary path beside ``output``; move it into place only if the block succeeds.
-
-    A crash or Ctrl-C never leaves a half-written file under the final name.
-    """
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(handle)
-    try:
-        yield tmp
-        os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def save_checkpoint_atomically(state: dict, output) -> None:

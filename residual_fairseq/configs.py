@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from .atomic import write_text_atomically
 from .errors import UserError, cli_main
 from .resources import shipped_dir
 from .variants import VARIANTS, arch_name, variant_overrides
@@ -230,9 +231,7 @@ def stale_run_files(write: bool = False) -> list:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(path)
             if write:
-                tmp = path.with_name(f".{path.name}.tmp")
-                tmp.write_text(text, encoding="utf-8")
-                tmp.replace(path)
+                write_text_atomically(path, text)
     return stale
 
 

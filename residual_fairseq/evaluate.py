@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import USER_DIR
-from .average_checkpoints import atomic_output, average_last_checkpoints
+from .atomic import atomic_output
+from .average_checkpoints import average_last_checkpoints
 from .errors import UserError, cli_main
 from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations

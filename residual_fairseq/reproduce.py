@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
+from .atomic import atomic_output, write_text_atomically
 from .errors import UserError, cli_main
 from .variants import VARIANTS
 
@@ -245,10 +246,9 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
                 axis.legend(fontsize=7)
     figure.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    figure.savefig(tmp, dpi=110)
+    with atomic_output(path) as tmp:
+        figure.savefig(tmp, dpi=110, format="png")
     plt.close(figure)
-    tmp.replace(path)
     return path
 
 
@@ -259,9 +259,7 @@ def write_reports(runs: List[Run], out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
     for key, text in (("markdown", markdown_table(rows)), ("csv", csv_table(rows))):
-        tmp = paths[key].with_name(f".{paths[key].name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(paths[key])
+        write_text_atomically(paths[key], text)
     plot_curves(runs, paths["png"])
     return paths
 

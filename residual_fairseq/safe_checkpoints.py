@@ -36,10 +36,11 @@ def allow_fairseq_checkpoint_globals() -> None:
 
 # --- checking a checkpoint file before fairseq loads it --------------------------
 
-import os  # noqa: E402
+import shutil  # noqa: E402
 import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from .atomic import atomic_output  # noqa: E402
 from .errors import UserError  # noqa: E402
 
 
@@ -120,7 +121,6 @@ def repair_last_checkpoint(save_dir):
             f"{last} is truncated and {save_dir} holds no intact checkpoint to resume from; "
             "move it away to start training from scratch"
         )
-    staging = last.with_name(last.name + ".repair.tmp")
-    staging.write_bytes(candidates[0].read_bytes())
-    os.replace(staging, last)
+    with atomic_output(last) as staging:
+        shutil.copyfile(candidates[0], staging)
     return candidates[0]

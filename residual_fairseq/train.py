@@ -23,7 +23,6 @@ CLI::
 """
 import argparse
 import json
-import os
 import random
 import shlex
 import shutil

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from helpers import USER_DIR, fairseq_cli, run
+from helpers import USER_DIR, fairseq_cli
 from residual_fairseq import translate
 from residual_fairseq.evaluate import evaluate_run, read_generate_output
 from trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation

@@ -4,10 +4,10 @@ import json
 import os
 import platform
 import sys
-import tempfile
 
 import torch
 
+from ..atomic import write_text_atomically
 from .speed import METRICS, BASELINE
 
 METRIC_HEADERS = {
@@ -107,27 +107,13 @@ def depth_report(report, markdown=False) -> str:
     return intro + "\n\n" + table(headers, rows, markdown)
 
 
-def write_atomically(path, text):
-    """Write ``text`` to ``path`` via a temp file beside it, so no half file is ever left."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_outputs(report, render, json_path=None, markdown_path=None):
     if json_path:
-        write_atomically(json_path, json.dumps(report, indent=2, allow_nan=True) + "\n")
+        write_text_atomically(json_path, json.dumps(report, indent=2, allow_nan=True) + "\n")
     if markdown_path:
         env = report["environment"]
         header = f"`{env['command']}` ({env['date']}, torch {env['torch']}, {env['platform']})\n\n"
-        write_atomically(markdown_path, header + render(report, markdown=True) + "\n")
+        write_text_atomically(markdown_path, header + render(report, markdown=True) + "\n")
 
 
 def echo(message):
