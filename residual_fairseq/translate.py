@@ -20,6 +20,7 @@ counting the end-of-sentence token) is an error naming the sentence and both len
 (:class:`SentenceTooLongError`) - it is never silently truncated.
 """
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -188,6 +189,8 @@ def read_input(path):
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # stdout carries the translations; keep fairseq's INFO chatter (its whole config) off stderr too.
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
     lines = read_input(args.input)
     if not any(line.strip() for line in lines):
         raise UserError("empty input: nothing to translate (give sentences on stdin or with --input)")

@@ -3,14 +3,14 @@
 # install, prepare, train a small 3+3-layer ResiDual, evaluate (sacreBLEU, chrF), translate.
 #
 #   bash scripts/quickstart.sh                       # outputs under runs/quickstart/
-#   QUICKSTART_EPOCHS=2 bash scripts/quickstart.sh   # train longer (the config's full 2 epochs)
+#   QUICKSTART_EPOCHS=6 bash scripts/quickstart.sh   # train longer than the config's 2 epochs
 #
 # Re-running skips what is done: preparation is a no-op, training resumes/finishes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
 OUT=${QUICKSTART_DIR:-runs/quickstart}
-EPOCHS=${QUICKSTART_EPOCHS:-1}
+EPOCHS=${QUICKSTART_EPOCHS:-2}
 DATA="$OUT/sample-es-en"
 RUN="$OUT/resi_dual-3l"
 
