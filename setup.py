@@ -62,6 +62,7 @@ setup(
             "residual-fairseq-evaluate = residual_fairseq.evaluate:main",
             "residual-fairseq-average-checkpoints = residual_fairseq.average_checkpoints:main",
             "residual-fairseq-reproduce = residual_fairseq.reproduce:main",
+            "residual-fairseq-finetune = residual_fairseq.finetune:main",
             "residual-fairseq-translate = residual_fairseq.translate:main",
             "residual-fairseq-analyze = residual_fairseq.analysis:main",
             "residual-fairseq-benchmark = residual_fairseq.benchmark:main",
