@@ -2,16 +2,26 @@
 
 Since torch 2.6, ``torch.load`` refuses any global that is not allowlisted, and
 fairseq's checkpoints hold a few: an ``argparse.Namespace`` (CLI-trained models) and
-numpy arrays/scalars in the training state (e.g. ``--eval-bleu`` statistics). Those
+numpy arrays in the training state (e.g. ``--eval-bleu`` statistics). Those
 are allowlisted here, and nothing else: a checkpoint is an untrusted file, and the
 weights-only unpickler still refuses every other global, so a crafted file cannot
 run code. (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would lift the check for every
 load in the process; don't, unless you trust every file you load.)
+
+Below that: the checks the project's CLIs run on a checkpoint file before fairseq
+loads it (:func:`verify_checkpoint_file`), and the repair of a ``checkpoint_last.pt``
+truncated by a crash (:func:`repair_last_checkpoint`).
 """
 import argparse
+import shutil
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from .atomic import atomic_output
+from .errors import UserError
 
 
 def fairseq_checkpoint_globals():
@@ -32,16 +42,6 @@ def fairseq_checkpoint_globals():
 
 def allow_fairseq_checkpoint_globals() -> None:
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
-
-
-# --- checking a checkpoint file before fairseq loads it --------------------------
-
-import shutil  # noqa: E402
-import zipfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from .atomic import atomic_output  # noqa: E402
-from .errors import UserError  # noqa: E402
 
 
 def is_intact(path) -> bool:

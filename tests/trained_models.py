@@ -8,7 +8,8 @@ import functools
 import gzip
 from pathlib import Path
 
-from helpers import REPO, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
+from helpers import TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
+from residual_fairseq.resources import shipped_dir
 
 # Enough epochs for non-trivial (if poor) translations of varied lengths; generation
 # is capped so an untrained model's endless repetitions stay cheap.
@@ -44,7 +45,7 @@ def sample_corpus_subset(session_tmp, n_train=1000, n_test=30, vocab_size=600):
     root = Path(session_tmp) / "sample-slice"
     root.mkdir()
     for split, n in (("train", n_train), ("valid", n_test), ("test", n_test)):
-        with gzip.open(REPO / "data" / "sample-es-en" / f"{split}.tsv.gz", "rt", encoding="utf-8") as tsv:
+        with gzip.open(shipped_dir("sample-es-en") / f"{split}.tsv.gz", "rt", encoding="utf-8") as tsv:
             lines = [next(tsv) for _ in range(n)]
         (root / f"{split}.tsv").write_text("".join(lines), encoding="utf-8")
     prepared = prepare(PrepareOptions(
