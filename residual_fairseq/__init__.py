@@ -7,7 +7,7 @@ checkpoint files need under ``torch.load(weights_only=True)``.
 import os
 
 from . import safe_checkpoints
-from .model import ResiDualConfig, ResiDualModel  # noqa: F401  (registers resi_dual)
+from .models import ResiDualConfig, ResiDualModel  # noqa: F401  (registers resi_dual)
 
 __version__ = "0.1.0"
 

@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence, Union
 
 from .errors import UserError, cli_main
 from .safe_checkpoints import verify_checkpoint_file
-from .model import ResiDualModel
+from .models import ResiDualModel
 
 # Subword model files looked for in the data directory and its parent (the
 # residual-fairseq-prepare output directory), and fairseq's --bpe name for each.

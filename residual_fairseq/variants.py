@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-from . import model as _resi_dual  # noqa: F401  (registers resi_dual)
+from . import models as _models  # noqa: F401  (registers resi_dual)
 
 VARIANTS = ("post_ln", "pre_ln", "resi_dual")
 

@@ -4,7 +4,7 @@ import argparse
 import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
-from residual_fairseq.model import FAIRSEQ_PRESET_OF
+from residual_fairseq.models.resi_dual import FAIRSEQ_PRESET_OF
 from residual_fairseq.variants import build_model
 
 

@@ -35,7 +35,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from .dual_stream import DualStream, DualStreamLayerMixin, DualStreamOutput
-from .errors import UserError
+from ..errors import UserError
 
 
 class ResiDualConfigError(UserError, ValueError):
