@@ -41,6 +41,12 @@ METRICS = (  # (column, label in the markdown table)
     ("best_valid_bleu", "best valid BLEU"),
     ("last_valid_loss", "last valid loss"),
 )
+# Language models (configs whose DatasetSpec.task is language_modeling): perplexities.
+LM_METRICS = (
+    ("test_ppl", "test perplexity"),
+    ("test_loss", "test loss (base 2)"),
+    ("best_valid_ppl", "best valid perplexity"),
+)
 _VALID_LINE = re.compile(r"\| valid \| (\{.*\})\s*$")
 
 
@@ -116,6 +122,8 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
         return json.loads(run.result_path.read_text(encoding="utf-8"))
     print(f"=== {label} -> {run.save_dir}", flush=True)
     train.train(train_request(run, nprocs, extra_args), dry_run=dry_run)
+    if is_language_model(run.dataset):
+        return evaluate_language_model(run, eval_overrides, dry_run)
     options = {**evaluation_options(run), **(eval_overrides or {})}
     if dry_run:
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items())
@@ -124,6 +132,28 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
     from .evaluate import evaluate_run
 
     return evaluate_run(run.save_dir, run.data, out_json=run.result_path, **options)
+
+
+def is_language_model(dataset: str) -> bool:
+    return configs.DATASETS[dataset].task == "language_modeling"
+
+
+def metrics_for(dataset: str):
+    return LM_METRICS if is_language_model(dataset) else METRICS
+
+
+def evaluate_language_model(run: Run, eval_overrides=None, dry_run: bool = False) -> Optional[dict]:
+    """Test perplexity with fairseq-eval-lm and the dataset's context-window settings."""
+    from .language_models import eval_lm_command, evaluate_lm
+
+    options = {**configs.DATASETS[run.dataset].evaluation, **(eval_overrides or {})}
+    options = {key: value for key, value in options.items() if key in ("tokens_per_sample", "context_window",
+                                                                       "max_tokens", "extra_args")}
+    checkpoint = run.save_dir / "checkpoint_best.pt"
+    if dry_run:
+        print("would evaluate: " + shlex.join(eval_lm_command(checkpoint, run.data, **options)), flush=True)
+        return None
+    return evaluate_lm(checkpoint, run.data, out_json=run.result_path, **options)
 
 
 # --- collecting ----------------------------------------------------------------------------
@@ -148,6 +178,9 @@ def run_metrics(run: Run) -> dict:
     """The numbers one finished run contributes to the table."""
     result = json.loads(run.result_path.read_text(encoding="utf-8"))
     curve = validation_curve(run.save_dir / train.LOG_NAME)
+    if is_language_model(run.dataset):
+        return {"test_ppl": result["perplexity"], "test_loss": result["loss_base2"],
+                "best_valid_ppl": min((2 ** point["loss"] for point in curve), default=None)}
     bleus = [point["bleu"] for point in curve if point["bleu"] is not None]
     return {
         "test_bleu": result["sacrebleu"]["score"],
@@ -180,7 +213,7 @@ def summarize(runs: List[Run]) -> List[dict]:
         metrics = [run_metrics(run) for run in members]
         row = {"dataset": dataset, "variant": variant, "layers": layers,
                "seeds": " ".join(str(run.seed) for run in members)}
-        for column, _ in METRICS:
+        for column, _ in metrics_for(dataset):
             row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
         rows.append(row)
     return rows
@@ -192,19 +225,19 @@ def _cell(mean, std):
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
-def markdown_table(rows: List[dict]) -> str:
-    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in METRICS]
+def markdown_table(rows: List[dict], metrics=METRICS) -> str:
+    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"]]
-        cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in METRICS]
+        cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: List[dict]) -> str:
+def csv_table(rows: List[dict], metrics=METRICS) -> str:
     buffer = io.StringIO()
-    fields = ["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in METRICS for s in ("mean", "std")]
+    fields = ["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
@@ -258,6 +291,12 @@ def write_reports(runs: List[Run], out: Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
+    lm_rows = [row for row in rows if is_language_model(row["dataset"])]
+    if lm_rows:  # language models get their own table (perplexities, not BLEU)
+        rows = [row for row in rows if not is_language_model(row["dataset"])]
+        paths["lm_markdown"], paths["lm_csv"] = out / "results-lm.md", out / "results-lm.csv"
+        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS))
+        write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
     for key, text in (("markdown", markdown_table(rows)), ("csv", csv_table(rows))):
         write_text_atomically(paths[key], text)
     plot_curves(runs, paths["png"])
@@ -272,7 +311,9 @@ def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_o
     if dry_run:
         return None
     paths = write_reports(runs, out)
-    print(Path(paths["markdown"]).read_text(encoding="utf-8"), end="")
+    for key in ("markdown", "lm_markdown"):
+        if key in paths:
+            print(Path(paths[key]).read_text(encoding="utf-8"), end="")
     print("wrote " + ", ".join(str(path) for path in paths.values()), flush=True)
     return paths
 

@@ -87,7 +87,7 @@ def plan(request: TrainRequest) -> TrainPlan:
     data = Path(request.data)
     if not data.is_dir():
         raise UserError(f"data directory not found: {data} (prepare it with residual-fairseq-prepare)")
-    if not any(data.glob("dict.*.txt")):
+    if not any(data.glob("dict.*.txt")) and not (data / "dict.txt").is_file():  # dict.txt: language models
         raise UserError(f"{data} holds no fairseq dictionaries (dict.*.txt): pass the prepared bin/ directory")
     if request.nprocs < 1:
         raise UserError(f"--nprocs must be at least 1, got {request.nprocs}")

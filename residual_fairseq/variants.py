@@ -24,6 +24,14 @@ def arch_name(variant: str, preset: str = "") -> str:
     return f"{family}_{preset}" if preset else family
 
 
+def lm_arch_name(variant: str) -> str:
+    """The language-model architecture of a variant: fairseq's ``transformer_lm`` (Post-LN
+    by default, Pre-LN with ``decoder_normalize_before``) or ``resi_dual_lm``. Not fairseq's
+    named ``transformer_lm_*`` presets: those force Pre-LN."""
+    arch_name(variant)  # validates
+    return "resi_dual_lm" if variant == "resi_dual" else "transformer_lm"
+
+
 def variant_overrides(variant: str) -> dict:
     """The options that make a variant, beyond its architecture name."""
     pre = variant == "pre_ln"
@@ -36,6 +44,22 @@ def toy_dictionary(num_symbols: int = 100) -> Dictionary:
         d.add_symbol(f"tok{i}")
     d.finalize(padding_factor=8)
     return d
+
+
+def build_language_model(variant: str, dictionary=None, **overrides):
+    """Build a freshly initialised language model of ``variant`` (options as in build_model,
+    e.g. ``decoder_layers=24, decoder_embed_dim=64``; they win over the defaults)."""
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+    from fairseq.dataclass.utils import merge_with_parent
+    from omegaconf import OmegaConf
+
+    arch = lm_arch_name(variant)
+    dictionary = dictionary if dictionary is not None else toy_dictionary()
+    values = {"decoder_normalize_before": variant == "pre_ln", "tokens_per_sample": 512,
+              "add_bos_token": False, "max_target_positions": None, "tpu": False, **overrides}
+    cfg = merge_with_parent(MODEL_DATACLASS_REGISTRY[arch](), OmegaConf.create(values))
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    return ARCH_MODEL_REGISTRY[arch].build_model(cfg, task)
 
 
 def build_model(variant: str, preset: str = "", src_dict=None, tgt_dict=None, **overrides):

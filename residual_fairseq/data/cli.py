@@ -10,20 +10,21 @@ from pathlib import Path
 
 from ..errors import cli_main
 from .datasets import RECIPES
+from .language_modeling import LM_RECIPES, prepare_language_model
 from .options import PrepareOptions
 from .pipeline import prepare
 from .subword import METHODS
 
 
 def build_parser():
-    datasets = "\n".join(f"  {name:15} {recipe.summary}" for name, recipe in RECIPES.items())
+    datasets = "\n".join(f"  {name:15} {recipe.summary}" for name, recipe in {**RECIPES, **LM_RECIPES}.items())
     parser = argparse.ArgumentParser(
         prog="residual-fairseq-prepare",
         description="Download (or read), clean, tokenize, segment and binarize a translation corpus for fairseq.",
         epilog=f"datasets:\n{datasets}\n\nDocumentation: docs/data.md",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", required=True, help="one of: " + ", ".join(RECIPES))
+    parser.add_argument("--dataset", required=True, help="one of: " + ", ".join([*RECIPES, *LM_RECIPES]))
     parser.add_argument("--out", required=True, type=Path, help="output directory (created; fairseq data in OUT/bin)")
     parser.add_argument("--source-lang", "-s", help="source language (default: the dataset's direction)")
     parser.add_argument("--target-lang", "-t", help="target language")
@@ -101,6 +102,7 @@ def main(argv=None):
     data_logger.addHandler(handler)
     data_logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
     data_logger.propagate = False  # fairseq configures the root logger; keep one copy of each line
-    result = prepare(options_from_arguments(args))
+    options = options_from_arguments(args)
+    result = (prepare_language_model if options.dataset in LM_RECIPES else prepare)(options)
     print(result.bin_dir)
     return 0

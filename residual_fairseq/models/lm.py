@@ -1,0 +1,188 @@
+"""The ResiDual language model, registered as fairseq model ``resi_dual_lm``.
+
+A decoder-only ResiDual for fairseq's ``language_modeling`` task. It is fairseq's
+:class:`~fairseq.models.transformer_lm.TransformerLanguageModel` (options, input
+embeddings, hub interface, eval-lm) whose decoder is the project's
+:class:`~residual_fairseq.models.resi_dual.ResiDualDecoder` without cross-attention:
+the same dual-stream code as the translation model, no second copy of the formula.
+
+Registration follows fairseq's ``transformer_lm``: a flat config dataclass (so both
+``fairseq-train --arch resi_dual_lm_*`` and ``fairseq-hydra-train`` with
+``model._name: resi_dual_lm`` work) plus named presets. ``dual_scale_decoder`` is a
+field of that dataclass, so it survives fairseq's conversion of the flat command line
+into a config (which keeps only dataclass fields) and the hydra path.
+
+Every preset ``resi_dual_lm_X`` has the sizes of fairseq's ``transformer_lm_X``. Two
+things differ on purpose, because they are the residual scheme itself: fairseq's
+presets force ``decoder_normalize_before=True`` (Pre-LN), ResiDual's main stream is
+Post-LN; and ``transformer_lm_wiki103`` drops the final norm, while LN(d_N) is part of
+ResiDual's output. The Post-LN and Pre-LN baselines are fairseq's own ``transformer_lm``
+arch without/with ``--decoder-normalize-before`` (its named presets are always Pre-LN).
+"""
+import contextlib
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf, open_dict
+
+from fairseq.models import ARCH_CONFIG_REGISTRY, register_model, register_model_architecture
+from fairseq.models.transformer import Embedding
+from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+)
+from fairseq.modules import AdaptiveInput
+from fairseq.utils import safe_getattr
+
+from .resi_dual import ResiDualConfig, ResiDualDecoder
+from ..errors import UserError
+
+
+class ResiDualLanguageModelError(UserError, ValueError):
+    """A language-model option that resi_dual_lm cannot honour."""
+
+
+@dataclass
+class ResiDualLanguageModelConfig(TransformerLanguageModelConfig):
+    dual_scale_decoder: float = field(
+        default=1.0,
+        metadata={
+            "help": "scale s of the dual stream (d_0 = s*x_0, d += s*F); LN_final makes the "
+            "output independent of s, so s < 1 only keeps d inside fp16 range in deep models"
+        },
+    )
+
+
+def parse_cutoffs(value, option):
+    """``"20000,60000"`` -> ``[20000, 60000]`` without ``eval`` (fairseq evals this string,
+    and a checkpoint's config is untrusted input)."""
+    if value is None or isinstance(value, (list, tuple)) or OmegaConf.is_list(value):
+        return None if value is None else [int(v) for v in value]
+    try:
+        return [int(part) for part in str(value).split(",") if part.strip()]
+    except ValueError:
+        raise ResiDualLanguageModelError(
+            f"--{option.replace('_', '-')} wants comma-separated integers, got {value!r}"
+        ) from None
+
+
+def validate(args) -> None:
+    """Reject options that contradict the ResiDual formula or that this model does not build."""
+    scale = safe_getattr(args, "dual_scale_decoder", 1.0)
+    if not scale > 0:
+        raise ResiDualLanguageModelError(f"--dual-scale-decoder must be a positive number, got {scale}")
+    if not args.decoder_layers >= 1:
+        raise ResiDualLanguageModelError(f"--decoder-layers must be at least 1, got {args.decoder_layers}")
+    if args.decoder_normalize_before:
+        raise ResiDualLanguageModelError(
+            "--decoder-normalize-before does not apply to resi_dual_lm: its main stream is "
+            "Post-LN and its dual stream is the Pre-LN path"
+        )
+    if args.no_decoder_final_norm:
+        raise ResiDualLanguageModelError(
+            "--no-decoder-final-norm does not apply to resi_dual_lm: LN(d_N) is part of its output"
+        )
+    if args.checkpoint_activations or args.offload_activations:
+        # Recomputing a layer in backward would not replay its adds to the dual stream.
+        raise ResiDualLanguageModelError(
+            "--checkpoint-activations/--offload-activations are not supported by resi_dual_lm"
+        )
+    if args.character_embeddings:
+        # fairseq builds these from eval(--character-filters); not worth that risk here.
+        raise ResiDualLanguageModelError("--character-embeddings is not supported by resi_dual_lm")
+    if safe_getattr(args, "base_layers", 0):
+        raise ResiDualLanguageModelError("--base-layers is not supported by resi_dual_lm")
+
+
+def _editable(args):
+    return open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext()
+
+
+@register_model("resi_dual_lm", dataclass=ResiDualLanguageModelConfig)
+class ResiDualLanguageModel(TransformerLanguageModel):
+    """fairseq's transformer language model with a ResiDual decoder (Xie et al., 2023)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def build_model(cls, args, task):
+        with _editable(args):
+            if safe_getattr(args, "decoder_layers_to_keep", None):
+                args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+            if safe_getattr(args, "max_target_positions", None) is None:
+                args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        validate(args)
+        cfg = ResiDualConfig.from_namespace(args)
+        cfg.dual_scale_decoder = float(safe_getattr(args, "dual_scale_decoder", 1.0))
+        cfg.adaptive_softmax_cutoff = parse_cutoffs(args.adaptive_softmax_cutoff, "adaptive_softmax_cutoff")
+        embed_tokens = cls.build_input_embedding(args, task.source_dictionary)
+        if args.tie_adaptive_weights and not (
+            args.adaptive_input
+            and args.adaptive_input_factor == args.adaptive_softmax_factor
+            and cfg.adaptive_softmax_cutoff == parse_cutoffs(args.adaptive_input_cutoff, "adaptive_input_cutoff")
+            and args.decoder_input_dim == args.decoder_output_dim
+        ):
+            raise ResiDualLanguageModelError(
+                "--tie-adaptive-weights needs --adaptive-input with the same factor, cutoffs and "
+                "input/output dims as the adaptive softmax"
+            )
+        decoder = ResiDualDecoder(cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True)
+        return cls(decoder)
+
+    @classmethod
+    def build_input_embedding(cls, args, dictionary):
+        """fairseq's choice of input embedding (plain or adaptive), with cutoffs parsed, not eval'd."""
+        if args.adaptive_input:
+            return AdaptiveInput(
+                len(dictionary),
+                dictionary.pad(),
+                args.decoder_input_dim,
+                args.adaptive_input_factor,
+                args.decoder_embed_dim,
+                parse_cutoffs(args.adaptive_input_cutoff, "adaptive_input_cutoff"),
+                args.quant_noise_pq,
+                args.quant_noise_pq_block_size,
+            )
+        return Embedding(len(dictionary), args.decoder_input_dim, dictionary.pad())
+
+
+# --- presets: each the fairseq transformer_lm preset of the same suffix ---------------
+
+
+def resi_dual_lm_defaults(args):
+    """The dataclass defaults of ``resi_dual_lm`` (= fairseq's ``transformer_lm``), as a preset."""
+    args.dual_scale_decoder = safe_getattr(args, "dual_scale_decoder", 1.0)
+
+
+def _register_preset(suffix):
+    fairseq_preset = ARCH_CONFIG_REGISTRY[f"transformer_lm_{suffix}"]
+    arch = f"resi_dual_lm_{suffix}"
+
+    @register_model_architecture("resi_dual_lm", arch)
+    def preset(args):
+        # What the user chose for the two scheme options, before fairseq's preset
+        # overwrites them (store_true flags arrive as False when not given).
+        pre_ln = safe_getattr(args, "decoder_normalize_before", False)
+        no_final_norm = safe_getattr(args, "no_decoder_final_norm", False)
+        resi_dual_lm_defaults(args)
+        fairseq_preset(args)
+        args.decoder_normalize_before = pre_ln  # build_model rejects True
+        args.no_decoder_final_norm = no_final_norm  # likewise
+
+    preset.__name__ = arch
+    return preset
+
+
+# Suffixes of fairseq's transformer_lm presets mirrored here (all of them but the
+# aliases; ``resi_dual_lm`` itself mirrors ``transformer_lm``).
+PRESET_SUFFIXES = (
+    "big", "wiki103", "gbw", "gpt", "gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_big",
+    "gpt3_small", "gpt3_medium", "gpt3_large", "gpt3_xl",
+)
+PRESETS = {f"resi_dual_lm_{suffix}": _register_preset(suffix) for suffix in PRESET_SUFFIXES}
+
+# fairseq architecture each ResiDual LM architecture mirrors (used by docs and tests).
+FAIRSEQ_PRESET_OF = {"resi_dual_lm": "transformer_lm",
+                     **{f"resi_dual_lm_{suffix}": f"transformer_lm_{suffix}" for suffix in PRESET_SUFFIXES}}
