@@ -333,9 +333,33 @@ def build_parser():
     parser.add_argument("--cpu", action="store_true", default=None, help="generate on CPU (default: CPU without CUDA)")
     parser.add_argument("--generate-args", default="",
                         help="extra fairseq-generate arguments, one shell-quoted string, e.g. '--max-len-b 50'")
+    lm = parser.add_argument_group("language models (a data directory with dict.txt): perplexity by fairseq-eval-lm")
+    lm.add_argument("--tokens-per-sample", type=int, default=512, help="block length (fairseq's README: 512)")
+    lm.add_argument("--context-window", type=int, default=400,
+                    help="tokens of context kept for each scored token (fairseq's README: 400)")
     parser.add_argument("--from-generate-output", metavar="FILE",
                         help="only score an existing fairseq-generate output (no checkpoint/data needed)")
     return parser
+
+
+def is_language_model_data(data) -> bool:
+    """fairseq's language_modeling layout: one dict.txt, no dict.<lang>.txt."""
+    return (Path(data) / "dict.txt").is_file() and not any(Path(data).glob("dict.*.txt"))
+
+
+def evaluate_language_model_cli(args):
+    from .language_models import evaluate_lm
+
+    checkpoint = Path(args.checkpoint)
+    checkpoint_dir = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    out_json = args.out_json or checkpoint_dir / f"eval-lm-{args.subset}.json"
+    result = evaluate_lm(checkpoint, args.data, subset=args.subset, tokens_per_sample=args.tokens_per_sample,
+                         context_window=args.context_window, max_tokens=args.max_tokens, cpu=args.cpu,
+                         extra_args=shlex.split(args.generate_args), out_json=out_json)
+    print(f"{args.subset} perplexity {result['perplexity']:.2f} (loss {result['loss_base2']:.4f} bits/token, "
+          f"{result['tokens']} tokens, --tokens-per-sample {args.tokens_per_sample} "
+          f"--context-window {args.context_window})")
+    print(f"wrote {out_json}")
 
 
 @cli_main
@@ -352,6 +376,8 @@ def main(argv=None):
     else:
         if not (args.checkpoint and args.data):
             raise UserError("give a checkpoint (file or directory) and a data directory, or --from-generate-output")
+        if is_language_model_data(args.data):
+            return evaluate_language_model_cli(args)
         result = evaluate_run(
             args.checkpoint, args.data, subset=args.subset, last_n=args.last_n, update_based=args.update_based,
             beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, batch_size=args.batch_size,

@@ -118,7 +118,10 @@ class LanguageModel:
     def sample(self, prompts: Union[str, Sequence[str]], beam: int = 1, sampling: bool = False,
                max_len_b: int = 50, **options) -> Union[str, List[str]]:
         """Continue each prompt: beam search (``beam=5``) or sampling (``sampling=True``,
-        ``sampling_topk``/``sampling_topp``, ``temperature``); returns prompt + continuation."""
+        ``sampling_topk``/``sampling_topp``, ``temperature``); returns prompt + continuation.
+
+        ``max_len_b`` is fairseq's: the most tokens in all, the prompt's included.
+        """
         if isinstance(prompts, str):
             return self.sample([prompts], beam, sampling, max_len_b, **options)[0]
         prompts = list(prompts)

@@ -55,7 +55,9 @@ def build_language_model(variant: str, dictionary=None, **overrides):
 
     arch = lm_arch_name(variant)
     dictionary = dictionary if dictionary is not None else toy_dictionary()
+    width = overrides.get("decoder_embed_dim", 512)  # the dataclass would keep 512 for these two
     values = {"decoder_normalize_before": variant == "pre_ln", "tokens_per_sample": 512,
+              "decoder_input_dim": width, "decoder_output_dim": width,
               "add_bos_token": False, "max_target_positions": None, "tpu": False, **overrides}
     cfg = merge_with_parent(MODEL_DATACLASS_REGISTRY[arch](), OmegaConf.create(values))
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)

@@ -33,7 +33,11 @@ def expected_parameters(model_cfg, variant, vocab_size):
     return embeddings + layers + stack_norms
 
 
-@pytest.mark.parametrize("dataset,variant,layers", configs.all_configs())
+# Encoder-decoder configs; the language-model ones are tested in test_lm_cli.py.
+TRANSLATION_CONFIGS = [c for c in configs.all_configs() if configs.DATASETS[c[0]].task == "translation"]
+
+
+@pytest.mark.parametrize("dataset,variant,layers", TRANSLATION_CONFIGS)
 def test_config_builds_its_model(dataset, variant, layers):
     from fairseq import models
 
@@ -57,7 +61,7 @@ def test_config_builds_its_model(dataset, variant, layers):
 
 def test_paper_model_sizes():
     sizes = {dataset: configs.load(dataset, "resi_dual", configs.DATASETS[dataset].depths[0])["model"]
-             for dataset in configs.DATASETS}
+             for dataset, spec in configs.DATASETS.items() if spec.task == "translation"}
     shape = lambda m: (m["encoder_embed_dim"], m["encoder_ffn_embed_dim"], m["encoder_attention_heads"])  # noqa: E731
     assert shape(sizes["iwslt14-de-en"]) == (256, 1024, 4)
     assert shape(sizes["wmt14-en-de"]) == shape(sizes["opus100"]) == (512, 2048, 8)
@@ -66,6 +70,8 @@ def test_paper_model_sizes():
 
 def test_variants_differ_only_in_residual_scheme():
     for dataset, spec in configs.DATASETS.items():
+        if spec.task != "translation":
+            continue  # language models: test_lm_cli.py
         for layers in spec.depths:
             rendered = {}
             for variant in configs.VARIANTS:

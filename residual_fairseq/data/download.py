@@ -112,7 +112,8 @@ def extract_archive(archive, into):
                 bundle.extractall(into, filter="data")
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise DataPreparationError(
-            f"archive {archive} is corrupt or truncated ({type(exc).__name__}: {exc}); "
+            # tarfile's message lists each method it tried, one per line: keep it one line.
+            f"archive {archive} is corrupt or truncated ({type(exc).__name__}: {' '.join(str(exc).split())}); "
             "delete it and download it again"
         ) from None
     return into

@@ -20,7 +20,10 @@ ResiDual's output. The Post-LN and Pre-LN baselines are fairseq's own ``transfor
 arch without/with ``--decoder-normalize-before`` (its named presets are always Pre-LN).
 """
 import contextlib
+import types
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from omegaconf import OmegaConf, open_dict
 
@@ -36,6 +39,17 @@ from fairseq.utils import safe_getattr
 
 from .resi_dual import ResiDualConfig, ResiDualDecoder
 from ..errors import UserError
+
+
+def _restore_numpy_compat_long():
+    """fairseq 0.12's language-model inference (``TokenBlockDataset(break_mode="eos")``, used
+    by the hub's sample/score and fairseq-interactive) reads ``np.compat.long``, which numpy 2
+    removed; it was the C long, int64 on the platforms fairseq supports."""
+    if not hasattr(np, "compat"):
+        np.compat = types.SimpleNamespace(long=np.int64)
+
+
+_restore_numpy_compat_long()
 
 
 class ResiDualLanguageModelError(UserError, ValueError):
