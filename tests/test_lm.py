@@ -17,7 +17,8 @@ from fairseq import models, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
-from residual_fairseq.models.lm import FAIRSEQ_PRESET_OF, ResiDualLanguageModel, ResiDualLanguageModelError
+from residual_fairseq.models.lm import FAIRSEQ_PRESET_OF, ResiDualLanguageModel
+from residual_fairseq.models.postln_layers import ModelConfigError
 from residual_fairseq.variants import build_language_model, toy_dictionary
 
 SMALL = dict(decoder_embed_dim=32, decoder_ffn_embed_dim=48, decoder_attention_heads=4, decoder_layers=3,
@@ -117,7 +118,7 @@ def test_baselines_are_fairseq_transformer_lm():
 
 # --- presets ------------------------------------------------------------------------------
 
-SCHEME_OPTIONS = {"dual_scale_decoder", "decoder_normalize_before", "no_decoder_final_norm"}
+SCHEME_OPTIONS = {"dual_scale_decoder", "main_alpha_decoder", "decoder_normalize_before", "no_decoder_final_norm"}
 
 
 @pytest.mark.parametrize("arch", sorted(FAIRSEQ_PRESET_OF))
@@ -192,18 +193,19 @@ def test_hydra_config_options_reach_the_model(name):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--decoder-normalize-before"], "does not apply to resi_dual_lm"),
+    (["--decoder-normalize-before"], "does not apply to resi_dual"),
     (["--no-decoder-final-norm"], "LN\\(d_N\\) is part of its output"),
-    (["--checkpoint-activations"], "not supported"),
+    (["--scale-attn"], "not supported"),
     (["--character-embeddings"], "not supported"),
     (["--dual-scale-decoder", "0"], "positive"),
+    (["--main-alpha-decoder", "-1"], "positive"),
 ])
 def test_options_that_contradict_resi_dual_are_refused(lm_dict_dir, flags, message):
-    with pytest.raises(ResiDualLanguageModelError, match=message):
+    with pytest.raises(ModelConfigError, match=message):
         build_from_command_line(lm_dict_dir, "--arch", "resi_dual_lm_gpt2_tiny", *flags)
 
 
 def test_cutoffs_are_parsed_not_evaluated(lm_dict_dir):
-    with pytest.raises(ResiDualLanguageModelError, match="comma-separated integers"):
+    with pytest.raises(ModelConfigError, match="comma-separated integers"):
         build_from_command_line(lm_dict_dir, "--arch", "resi_dual_lm_gpt2_tiny", "--adaptive-input",
                                 "--adaptive-input-cutoff", "__import__('os').getpid()")

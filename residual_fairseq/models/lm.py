@@ -38,7 +38,8 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from .resi_dual import ResiDualConfig, ResiDualDecoder
-from ..errors import UserError
+from .resi_dual import validate as validate_resi_dual
+from .postln_layers import ModelConfigError
 
 
 def _restore_numpy_compat_long():
@@ -52,7 +53,7 @@ def _restore_numpy_compat_long():
 _restore_numpy_compat_long()
 
 
-class ResiDualLanguageModelError(UserError, ValueError):
+class ResiDualLanguageModelError(ModelConfigError):
     """A language-model option that resi_dual_lm cannot honour."""
 
 
@@ -64,6 +65,10 @@ class ResiDualLanguageModelConfig(TransformerLanguageModelConfig):
             "help": "scale s of the dual stream (d_0 = s*x_0, d += s*F); LN_final makes the "
             "output independent of s, so s < 1 only keeps d inside fp16 range in deep models"
         },
+    )
+    main_alpha_decoder: float = field(
+        default=1.0,
+        metadata={"help": "weight alpha of the main stream in the output y = alpha * x_N + LN(d_N) (the paper: 1)"},
     )
 
 
@@ -80,27 +85,10 @@ def parse_cutoffs(value, option):
         ) from None
 
 
-def validate(args) -> None:
-    """Reject options that contradict the ResiDual formula or that this model does not build."""
-    scale = safe_getattr(args, "dual_scale_decoder", 1.0)
-    if not scale > 0:
-        raise ResiDualLanguageModelError(f"--dual-scale-decoder must be a positive number, got {scale}")
-    if not args.decoder_layers >= 1:
-        raise ResiDualLanguageModelError(f"--decoder-layers must be at least 1, got {args.decoder_layers}")
-    if args.decoder_normalize_before:
-        raise ResiDualLanguageModelError(
-            "--decoder-normalize-before does not apply to resi_dual_lm: its main stream is "
-            "Post-LN and its dual stream is the Pre-LN path"
-        )
-    if args.no_decoder_final_norm:
-        raise ResiDualLanguageModelError(
-            "--no-decoder-final-norm does not apply to resi_dual_lm: LN(d_N) is part of its output"
-        )
-    if args.checkpoint_activations or args.offload_activations:
-        # Recomputing a layer in backward would not replay its adds to the dual stream.
-        raise ResiDualLanguageModelError(
-            "--checkpoint-activations/--offload-activations are not supported by resi_dual_lm"
-        )
+def validate(args, cfg) -> None:
+    """Reject options that contradict the ResiDual formula (the translation model's checks,
+    one place) or that this language model does not build."""
+    validate_resi_dual(cfg)
     if args.character_embeddings:
         # fairseq builds these from eval(--character-filters); not worth that risk here.
         raise ResiDualLanguageModelError("--character-embeddings is not supported by resi_dual_lm")
@@ -127,9 +115,16 @@ class ResiDualLanguageModel(TransformerLanguageModel):
                 args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
             if safe_getattr(args, "max_target_positions", None) is None:
                 args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
-        validate(args)
         cfg = ResiDualConfig.from_namespace(args)
-        cfg.dual_scale_decoder = float(safe_getattr(args, "dual_scale_decoder", 1.0))
+        # from_namespace copies a DictConfig's known fields only (the CLI path hands one
+        # over too): keep the language-model options TransformerConfig lacks (scale_attn...).
+        keys = args.keys() if OmegaConf.is_config(args) else vars(args).keys()
+        for name in keys:
+            if not hasattr(cfg, name) and not name.startswith("decoder_"):
+                setattr(cfg, name, safe_getattr(args, name))
+        for name in ("dual_scale_decoder", "main_alpha_decoder"):
+            setattr(cfg, name, safe_getattr(args, name, 1.0))
+        validate(args, cfg)
         cfg.adaptive_softmax_cutoff = parse_cutoffs(args.adaptive_softmax_cutoff, "adaptive_softmax_cutoff")
         embed_tokens = cls.build_input_embedding(args, task.source_dictionary)
         if args.tie_adaptive_weights and not (
@@ -168,6 +163,7 @@ class ResiDualLanguageModel(TransformerLanguageModel):
 def resi_dual_lm_defaults(args):
     """The dataclass defaults of ``resi_dual_lm`` (= fairseq's ``transformer_lm``), as a preset."""
     args.dual_scale_decoder = safe_getattr(args, "dual_scale_decoder", 1.0)
+    args.main_alpha_decoder = safe_getattr(args, "main_alpha_decoder", 1.0)
 
 
 def _register_preset(suffix):
