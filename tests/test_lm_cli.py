@@ -187,3 +187,41 @@ def test_lm_configs_differ_only_in_residual_scheme(dataset):
                                  ("model", "dual_scale_decoder")}, differing
         model = rendered["resi_dual"]["model"]
         assert model["decoder_input_dim"] == model["decoder_output_dim"] == model["decoder_embed_dim"]
+
+
+def test_analysis_measures_language_models(toy_lm):
+    """residual-fairseq-analyze's API on LM data: one stack (the decoder), d measured for ResiDual."""
+    from residual_fairseq.analysis import data, models, probe, training
+
+    prepared, _, _ = toy_lm
+    task = data.load_task(prepared / "bin", tokens_per_sample=32)
+    batches = data.measurement_batches(task, "valid", max_tokens=256, num_batches=1)
+    criterion = training.build_label_smoothed_criterion(task, 0.0)
+    for variant in ("post_ln", "pre_ln", "resi_dual"):
+        model = models.fresh_model(variant, task, decoder_layers=3, embed_dim=16, ffn_dim=32, heads=2)
+        result = probe.measure(model, criterion, batches)
+        assert list(result.stacks) == ["decoder"]
+        stack = result.stacks["decoder"]
+        assert len(stack.param_grad_norm) == 3 and all(g > 0 for g in stack.param_grad_norm)
+        assert (stack.dual_norm is not None) == (variant == "resi_dual")
+
+
+def test_benchmark_builds_and_generates_language_models(toy_lm):
+    """The speed benchmark's LM path: same sizes for the three variants, generation of fixed length."""
+    from residual_fairseq.benchmark import data, speed, training
+
+    prepared, _, _ = toy_lm
+    task = data.load_task(prepared / "bin")
+    test = data.first_sentences(data.draw_batches(task, "test", None, max_sentences=2, shuffle=False), 2)
+    sizes, lengths = {}, set()
+    for variant in ("post_ln", "pre_ln", "resi_dual"):
+        model = training.build_variant(task, variant, "gpt2_tiny", encoder_layers=2, decoder_layers=2).eval()
+        sizes[variant] = sum(p.numel() for p in model.parameters())
+        generator, prompts = speed._language_model_generation(task, model, test[:1], beam=2)
+        with torch.inference_mode():
+            hypotheses = task.inference_step(generator, [model], prompts[0])
+        steps = test[0]["net_input"]["src_tokens"].size(1) // 2
+        lengths.update(len(h[0]["tokens"]) for h in hypotheses)
+    # Every hypothesis of every variant: the same number of steps, at least min_len, then </s>.
+    assert len(lengths) == 1 and lengths.pop() > steps
+    assert sizes["resi_dual"] == sizes["pre_ln"] == sizes["post_ln"] + 2 * 64  # gpt2_tiny width 64

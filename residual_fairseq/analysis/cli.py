@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError, cli_main
 from ..variants import VARIANTS
-from .data import load_task, measurement_batches, training_batches
+from .data import is_language_modeling, load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
 from .report import runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
@@ -54,7 +54,9 @@ def build_parser():
     g.add_argument("--split", default="valid", help="split the measurement batches come from")
     g.add_argument("--batches", type=int, default=4, help="measurement batches (the same ones every time)")
     g.add_argument("--max-tokens", type=int, default=4096)
-    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--label-smoothing", type=float, help="default 0.1 (translation), 0 (language models)")
+    g.add_argument("--tokens-per-sample", type=int, default=128,
+                   help="language models (a data dir with one dict.txt): block length")
     g = p.add_argument_group("training (optional)")
     g.add_argument("--train-steps", type=int, default=0, help="updates on the train split (default 0)")
     g.add_argument("--measure-every", type=int, default=100)
@@ -123,8 +125,10 @@ def main(argv=None):
     variants = args.variants if args.variants is not None else ([] if checkpoints else list(VARIANTS))
     if not variants and not checkpoints:
         raise UserError("nothing to analyse: give --variants and/or --checkpoint")
-    task = load_task(args.data, args.source_lang, args.target_lang)
+    task = load_task(args.data, args.source_lang, args.target_lang, args.tokens_per_sample)
     probe_batches = measurement_batches(task, args.split, args.max_tokens, args.batches)
+    if args.label_smoothing is None:
+        args.label_smoothing = 0.0 if is_language_modeling(task) else 0.1
     criterion = build_label_smoothed_criterion(task, args.label_smoothing)
     settings = TrainingSettings(
         steps=args.train_steps, measure_every=args.measure_every, lr=args.lr,

@@ -9,11 +9,14 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..errors import UserError
 
 
-def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
-    """A :class:`TranslationTask` over ``data_dir`` (the output of fairseq-preprocess)."""
+def load_task(data_dir, source_lang=None, target_lang=None, tokens_per_sample=128):
+    """A :class:`TranslationTask` over ``data_dir`` (the output of fairseq-preprocess), or a
+    ``LanguageModelingTask`` for a language-model data dir (one ``dict.txt``)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"data dir {data_dir} does not exist")
+    if (data_dir / "dict.txt").is_file() and not list(data_dir.glob("dict.*.txt")):
+        return load_language_modeling_task(data_dir, tokens_per_sample)
     if not list(data_dir.glob("dict.*.txt")):
         raise UserError(f"{data_dir} has no dict.*.txt: not a fairseq-preprocess output dir")
     # TranslationConfig's own defaults, except the few it takes from other config
@@ -26,6 +29,22 @@ def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
         return TranslationTask.setup_task(args)
     except Exception as err:  # fairseq raises bare Exceptions for unknown language pairs
         raise UserError(f"cannot read {data_dir} as a translation data dir: {err}") from err
+
+
+def load_language_modeling_task(data_dir, tokens_per_sample=128):
+    """fairseq's language_modeling task over ``data_dir``, in blocks of ``tokens_per_sample`` tokens."""
+    from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+    args = argparse.Namespace(**{f.name: f.default for f in fields(LanguageModelingConfig)})
+    args.data, args.tokens_per_sample, args.sample_break_mode = str(data_dir), tokens_per_sample, "none"
+    args.seed, args.dataset_impl, args.data_buffer_size, args.tpu = 1, None, 10, False
+    args.use_plasma_view, args.plasma_path, args.batch_size, args.batch_size_valid = False, None, None, None
+    args.max_target_positions, args.output_dictionary_size = None, -1
+    return LanguageModelingTask.setup_task(args)
+
+
+def is_language_modeling(task) -> bool:
+    return not hasattr(task, "src_dict")
 
 
 def _iterator(task, split, max_tokens, seed, shuffle, epoch=1):

@@ -4,7 +4,7 @@ from fairseq import checkpoint_utils
 
 from ..errors import UserError
 from ..safe_checkpoints import verify_checkpoint_file
-from ..variants import VARIANTS, build_model
+from ..variants import VARIANTS, build_language_model, build_model
 
 # Size options of the CLI -> fairseq model options they set on both stacks.
 SIZE_OPTIONS = {
@@ -36,6 +36,8 @@ def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
     """
     if variant not in VARIANTS:
         raise UserError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if not hasattr(task, "src_dict"):  # fairseq's language_modeling task
+        return fresh_language_model(variant, task, seed, preset, dual_scale, **sizes)
     overrides = model_overrides(**sizes)
     if variant == "resi_dual" and dual_scale is not None:
         overrides.update(dual_scale_encoder=dual_scale, dual_scale_decoder=dual_scale)
@@ -44,6 +46,31 @@ def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
         return build_model(variant, preset, task.source_dictionary, task.target_dictionary, **overrides)
     except KeyError as err:
         raise UserError(f"unknown preset {preset!r}") from err
+
+
+# Size options of the CLI -> the options they set on a decoder-only language model.
+LM_SIZE_OPTIONS = {
+    "embed_dim": ("decoder_embed_dim", "decoder_input_dim", "decoder_output_dim"),
+    "ffn_dim": ("decoder_ffn_embed_dim",),
+    "heads": ("decoder_attention_heads",),
+    "decoder_layers": ("decoder_layers",),
+    "dropout": ("dropout",),
+}
+
+
+def fresh_language_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
+    """A fresh Post-LN / Pre-LN (fairseq's transformer_lm) or resi_dual_lm, shared embeddings."""
+    if preset:
+        raise UserError("--preset applies to translation models; size a language model with "
+                        "--embed-dim/--ffn-dim/--heads/--layers")
+    overrides = {"share_decoder_input_output_embed": True, "tokens_per_sample": task.args.tokens_per_sample}
+    for name, value in sizes.items():
+        if value is not None and name in LM_SIZE_OPTIONS:
+            overrides.update({option: value for option in LM_SIZE_OPTIONS[name]})
+    if variant == "resi_dual" and dual_scale is not None:
+        overrides["dual_scale_decoder"] = dual_scale
+    torch.manual_seed(seed)
+    return build_language_model(variant, task.source_dictionary, **overrides)
 
 
 def load_checkpoint(path, task):

@@ -127,9 +127,16 @@ class Measurement:
     stacks: Dict[str, StackMeasurement] = field(default_factory=dict)
 
 
+def model_stacks(model) -> List[str]:
+    """The stacks a model has: encoder and decoder, or (a language model) the decoder."""
+    return [name for name in STACKS if getattr(model, name, None) is not None]
+
+
 def stack_masks(model, sample) -> Dict[str, Tensor]:
     """(batch, time) masks of the real tokens each stack's layers see."""
     net_input = sample["net_input"]
+    if "prev_output_tokens" not in net_input:  # a language model: src_tokens is the decoder's input
+        return {"decoder": net_input["src_tokens"].ne(model.decoder.padding_idx)}
     return {
         "encoder": net_input["src_tokens"].ne(model.encoder.padding_idx),
         "decoder": net_input["prev_output_tokens"].ne(model.decoder.padding_idx),
@@ -150,7 +157,7 @@ def measure(model, criterion, batches) -> Measurement:
     was_training = model.training
     model.eval()
     model.zero_grad(set_to_none=True)
-    probes = {name: StackProbe(getattr(model, name).layers) for name in STACKS}
+    probes = {name: StackProbe(getattr(model, name).layers) for name in model_stacks(model)}
     total_tokens = sum(sample["ntokens"] for sample in batches)
     total_loss = 0.0
     try:

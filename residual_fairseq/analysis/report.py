@@ -25,6 +25,11 @@ TABLES = {
 }
 
 
+def _stacks(runs: List[Run]) -> List[str]:
+    """The stacks measured (language models have only the decoder)."""
+    return [name for name in STACKS if name in runs[0].measurements[0].stacks]
+
+
 def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
     return {
         "settings": settings,
@@ -51,7 +56,7 @@ def runs_from_dict(report: Dict) -> List[Run]:
         for m in r["measurements"]:
             run.steps.append(m["step"])
             run.measurements.append(Measurement(
-                loss=m["loss"], stacks={name: StackMeasurement(**m[name]) for name in STACKS}))
+                loss=m["loss"], stacks={name: StackMeasurement(**m[name]) for name in STACKS if name in m}))
         runs.append(run)
     return runs
 
@@ -92,11 +97,11 @@ def _at_step(run: Run, step: int):
     return run.measurements[-1]
 
 
-def _grid(rows, title):
-    fig, axes = plt.subplots(len(rows), len(STACKS), figsize=(11, 3.3 * len(rows)), squeeze=False)
+def _grid(rows, title, stacks=STACKS):
+    fig, axes = plt.subplots(len(rows), len(stacks), figsize=(11, 3.3 * len(rows)), squeeze=False)
     fig.suptitle(title)
     for r, (field_name, ylabel, logscale) in enumerate(rows):
-        for c, stack in enumerate(STACKS):
+        for c, stack in enumerate(stacks):
             ax = axes[r][c]
             ax.set_title(f"{stack}: {ylabel}", fontsize=10)
             ax.set_xlabel("layer (1 = lowest)")
@@ -107,9 +112,10 @@ def _grid(rows, title):
 
 
 def _plot_grid(runs, step, rows, title, path):
-    fig, axes = _grid(rows, title)
+    stacks = _stacks(runs)
+    fig, axes = _grid(rows, title, stacks)
     for r, (field_name, _, _) in enumerate(rows):
-        for c, stack in enumerate(STACKS):
+        for c, stack in enumerate(stacks):
             for run in runs:
                 values = getattr(_at_step(run, step).stacks[stack], field_name)
                 if values is None:
@@ -140,11 +146,12 @@ def plot_similarity(runs, step, path):
 
 def plot_dual_stream(runs, path):
     """ResiDual's d per layer at each measured update, against fp16's largest value."""
-    dual_runs = [run for run in runs if run.measurements[0].stacks["encoder"].dual_norm is not None]
+    stacks = _stacks(runs)
+    dual_runs = [run for run in runs if run.measurements[0].stacks[stacks[0]].dual_norm is not None]
     if not dual_runs:
         return False
-    fig, axes = plt.subplots(1, len(STACKS), figsize=(11, 3.6), squeeze=False)
-    for c, stack in enumerate(STACKS):
+    fig, axes = plt.subplots(1, len(stacks), figsize=(11, 3.6), squeeze=False)
+    for c, stack in enumerate(stacks):
         ax = axes[0][c]
         for run in dual_runs:
             for k, (step, m) in enumerate(zip(run.steps, run.measurements)):
@@ -176,13 +183,13 @@ def plot_training(runs, path):
         style = _style(run.label)
         style.pop("marker")
         axes[0].plot(range(1, len(run.train_loss) + 1), run.train_loss, **style)
-        for ax, stack in zip(axes[1:], STACKS):
+        for ax, stack in zip(axes[1:], _stacks(runs)):
             ratios = [m.stacks[stack].param_grad_norm[0] / m.stacks[stack].param_grad_norm[-1]
                       for m in run.measurements]
             ax.plot(run.steps, ratios, marker=".", **style)
     axes[0].set_title("training loss (base 2)")
     axes[0].set_xlabel("update")
-    for ax, stack in zip(axes[1:], STACKS):
+    for ax, stack in zip(axes[1:], _stacks(runs)):
         ax.set_title(f"{stack}: grad norm lowest layer / top layer", fontsize=10)
         ax.set_xlabel("update")
         ax.set_yscale("log")

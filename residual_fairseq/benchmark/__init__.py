@@ -16,17 +16,30 @@ from ..errors import UserError, cli_main
 from ..variants import VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
+DEFAULT_LM_SIZES = "gpt2_tiny:6,gpt2_tiny:24"  # used when --data is language-model data
 
 
-def parse_sizes(text):
-    """``"iwslt_de_en:6,wmt_en_de:12"`` -> ``[("iwslt_de_en", 6), ("wmt_en_de", 12)]``."""
+def parse_sizes(text, language_model=False):
+    """``"iwslt_de_en:6,wmt_en_de:12"`` -> ``[("iwslt_de_en", 6), ("wmt_en_de", 12)]``.
+
+    Language models: fairseq's transformer_lm preset suffixes, e.g. ``gpt2_tiny:6`` (the
+    size of ``transformer_lm_gpt2_tiny`` at 6 layers, as Post-LN, Pre-LN and ResiDual).
+    """
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    if language_model:
+        text = DEFAULT_LM_SIZES if text == DEFAULT_SIZES else text
 
     sizes = []
     for item in filter(None, text.split(",")):
         preset, _, layers = item.partition(":")
         if not layers.isdigit() or int(layers) < 1:
             raise UserError(f"--sizes {item!r}: expected PRESET:LAYERS, e.g. iwslt_de_en:6")
+        if language_model:
+            if preset and f"transformer_lm_{preset}" not in ARCH_MODEL_REGISTRY:
+                raise UserError(f"--sizes {item!r}: no architecture transformer_lm_{preset}")
+            sizes.append((preset, int(layers)))
+            continue
         for variant in VARIANTS:
             if arch_name(variant, preset) not in ARCH_MODEL_REGISTRY:
                 raise UserError(f"--sizes {item!r}: no architecture {arch_name(variant, preset)}")
@@ -113,8 +126,10 @@ def main(argv=None):
     if args.command == "speed":
         from .speed import run_speed_benchmark
 
+        from .data import is_language_model_data
+
         report = run_speed_benchmark(
-            args.data, parse_sizes(args.sizes), repeats=args.repeats, warmup=args.warmup,
+            args.data, parse_sizes(args.sizes, is_language_model_data(args.data)), repeats=args.repeats, warmup=args.warmup,
             updates=args.updates, beam=args.beam, decode_sentences=args.decode_sentences,
             decode_batch_size=args.decode_batch_size, **common,
         )

@@ -27,6 +27,10 @@ def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
         raise UserError(f"--data {data_dir}: no such directory (pass a fairseq-preprocess output)")
     if not any(name.startswith("dict.") for name in os.listdir(data_dir)):
         raise UserError(f"--data {data_dir}: no dict.*.txt, not a fairseq-preprocess output")
+    if is_language_model_data(data_dir):
+        from ..analysis.data import load_language_modeling_task
+
+        return load_language_modeling_task(data_dir, LM_TOKENS_PER_SAMPLE)
     # The fields that fairseq fills from its global config (II(...)) are given here.
     cfg = TranslationConfig(
         data=str(data_dir), source_lang=source_lang, target_lang=target_lang,
@@ -36,6 +40,23 @@ def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
         return TranslationTask.setup_task(cfg)
     except Exception as err:  # fairseq raises bare Exceptions for unknown language pairs
         raise UserError(f"--data {data_dir}: {err}") from err
+
+
+# Language models: the block length of training and of generation (decoding generates
+# as many tokens as a test block holds).
+LM_TOKENS_PER_SAMPLE = 64
+
+
+def is_language_model_data(data_dir) -> bool:
+    """fairseq's language_modeling layout: one dict.txt, no dict.<lang>.txt."""
+    data_dir = Path(data_dir)
+    if (data_dir / "bin").is_dir() and not list(data_dir.glob("dict.*")):
+        data_dir = data_dir / "bin"
+    return (data_dir / "dict.txt").is_file() and not list(data_dir.glob("dict.*.txt"))
+
+
+def is_language_modeling(task) -> bool:
+    return not hasattr(task, "src_dict")
 
 
 def joined_dictionary(task) -> bool:

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from ..variants import VARIANTS
-from .data import draw_batches, first_sentences, load_task
+from .data import draw_batches, first_sentences, is_language_modeling, load_task
 from .memory import CPU_CHILD_ENV, PeakMemory
 from .training import Trainer, autocast, build_variant, check_precision, resolve_device, to_device
 
@@ -103,7 +103,10 @@ def _beam_decode(task, model, batches, job, device):
     every variant decode exactly as many steps, close to real translation lengths.
     """
     model.eval()
-    generator = task.build_generator([model], Namespace(beam=job.beam, match_source_len=True))
+    if is_language_modeling(task):
+        generator, batches = _language_model_generation(task, model, batches, job.beam)
+    else:
+        generator = task.build_generator([model], Namespace(beam=job.beam, match_source_len=True))
     with torch.inference_mode(), autocast(device, job.precision):
         task.inference_step(generator, [model], batches[0])  # warm-up, not timed
         _synchronize(device)
@@ -114,6 +117,21 @@ def _beam_decode(task, model, batches, job, device):
             sentences += len(hypotheses)
         _synchronize(device)
     return time.perf_counter() - start, sentences
+
+
+def _language_model_generation(task, model, batches, beam):
+    """Language models generate from an empty prompt exactly half a test block's length of
+    tokens, then </s> (min_len, max_len), so every variant decodes the same number of steps."""
+    steps = batches[0]["net_input"]["src_tokens"].size(1) // 2
+    generator = task.build_generator([model], Namespace(beam=beam, min_len=steps, max_len_a=0,
+                                                        max_len_b=steps + 1))
+    eos = task.source_dictionary.eos()
+    prompts = []
+    for batch in batches:
+        tokens = batch["net_input"]["src_tokens"]
+        empty = tokens.new_full((tokens.size(0), 1), eos)  # the task strips this leading eos
+        prompts.append({**batch, "net_input": {"src_tokens": empty, "src_lengths": empty.new_ones(tokens.size(0))}})
+    return generator, prompts
 
 
 def _synchronize(device):
@@ -218,7 +236,8 @@ def run_speed_benchmark(data, configs, variants=VARIANTS, repeats=3, warmup=2, u
         decode_sentences,
     )
     settings = {
-        "data": str(data), "source_lang": task.cfg.source_lang, "target_lang": task.cfg.target_lang,
+        "data": str(data), "source_lang": getattr(task.cfg, "source_lang", None),
+        "target_lang": getattr(task.cfg, "target_lang", None),
         "configs": [list(c) for c in configs], "variants": variants, "repeats": repeats,
         "warmup": warmup, "updates": updates, "max_tokens": max_tokens,
         "decode_sentences": sum(b["nsentences"] for b in decode),
@@ -232,8 +251,8 @@ def run_speed_benchmark(data, configs, variants=VARIANTS, repeats=3, warmup=2, u
         torch.save({"train": train, "decode": decode}, batches_file)
         plan = list(schedule(configs, variants, repeats))
         for number, (repeat, preset, layers, variant) in enumerate(plan, 1):
-            job = Job(variant, preset, layers, repeat, str(data), task.cfg.source_lang,
-                      task.cfg.target_lang, batches_file, warmup, str(device), precision,
+            job = Job(variant, preset, layers, repeat, str(data), settings["source_lang"],
+                      settings["target_lang"], batches_file, warmup, str(device), precision,
                       threads, beam, seed)
             result = run_isolated(job)
             results.append(result)

@@ -12,8 +12,8 @@ from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
 from ..errors import UserError
-from ..variants import build_model
-from .data import joined_dictionary
+from ..variants import build_language_model, build_model
+from .data import is_language_modeling, joined_dictionary
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -39,7 +39,14 @@ def autocast(device: torch.device, precision: str):
 
 
 def build_variant(task, variant, preset="", **overrides):
-    """A fresh ``variant`` model for ``task``'s dictionaries, embeddings shared when they can be."""
+    """A fresh ``variant`` model for ``task``'s dictionaries, embeddings shared when they can be.
+
+    For a language-modeling task: fairseq's transformer_lm (Post-LN / Pre-LN) or
+    resi_dual_lm, with the sizes of fairseq's ``transformer_lm_<preset>`` and the
+    decoder options of ``overrides`` (encoder options are dropped).
+    """
+    if is_language_modeling(task):
+        return build_lm_variant(task, variant, preset, **overrides)
     sharing = (
         {"share_all_embeddings": True} if joined_dictionary(task)
         else {"share_decoder_input_output_embed": True}
@@ -47,6 +54,32 @@ def build_variant(task, variant, preset="", **overrides):
     return build_model(
         variant, preset, task.source_dictionary, task.target_dictionary, **{**sharing, **overrides}
     )
+
+
+LM_SIZE_OPTIONS = ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "activation_fn",
+                   "dropout", "attention_dropout", "decoder_learned_pos")
+
+
+def lm_preset_sizes(preset: str) -> dict:
+    """The size options of fairseq's ``transformer_lm_<preset>`` (``""``: transformer_lm's defaults)."""
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    if not preset:
+        return {}
+    args = Namespace()
+    ARCH_CONFIG_REGISTRY[f"transformer_lm_{preset}"](args)
+    return {name: getattr(args, name) for name in LM_SIZE_OPTIONS if hasattr(args, name)}
+
+
+def build_lm_variant(task, variant, preset="", **overrides):
+    options = {**lm_preset_sizes(preset), **{k: v for k, v in overrides.items() if not k.startswith("encoder_")}}
+    width = options.get("decoder_embed_dim", 512)
+    options.setdefault("decoder_input_dim", width)
+    options.setdefault("decoder_output_dim", width)
+    return build_language_model(variant, task.source_dictionary, share_decoder_input_output_embed=True,
+                                tokens_per_sample=task.args.tokens_per_sample, **options)
 
 
 def to_device(batch, device):
