@@ -15,3 +15,13 @@ __version__ = "0.1.0"
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 
 safe_checkpoints.allow_fairseq_checkpoint_globals()
+
+
+def load_language_model(checkpoint, data=None, cpu=None):
+    """A trained language model for sampling and beam search: ``.sample(prompt, ...)``.
+
+    See :func:`residual_fairseq.language_models.load_language_model`.
+    """
+    from .language_models import load_language_model as load
+
+    return load(checkpoint, data=data, cpu=cpu)

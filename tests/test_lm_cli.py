@@ -81,7 +81,7 @@ def test_fairseq_eval_lm_scores_the_trained_model(toy_lm, capsys):
 
 
 def test_sampling_and_beam_search_from_python(toy_lm):
-    from residual_fairseq.language_models import load_language_model
+    from residual_fairseq import load_language_model
 
     prepared, save_dir, _ = toy_lm
     lm = load_language_model(save_dir / "checkpoint_last.pt", data=prepared / "bin")
