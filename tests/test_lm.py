@@ -197,8 +197,6 @@ def test_hydra_config_options_reach_the_model(name):
     (["--no-decoder-final-norm"], "LN\\(d_N\\) is part of its output"),
     (["--scale-attn"], "not supported"),
     (["--character-embeddings"], "not supported"),
-    (["--dual-scale-decoder", "0"], "positive"),
-    (["--main-alpha-decoder", "-1"], "positive"),
 ])
 def test_options_that_contradict_resi_dual_are_refused(lm_dict_dir, flags, message):
     with pytest.raises(ModelConfigError, match=message):
@@ -209,3 +207,11 @@ def test_cutoffs_are_parsed_not_evaluated(lm_dict_dir):
     with pytest.raises(ModelConfigError, match="comma-separated integers"):
         build_from_command_line(lm_dict_dir, "--arch", "resi_dual_lm_gpt2_tiny", "--adaptive-input",
                                 "--adaptive-input-cutoff", "__import__('os').getpid()")
+
+
+@pytest.mark.parametrize("flag,value", [("--dual-scale-decoder", "0"), ("--main-alpha-decoder", "-1"),
+                                        ("--dual-scale-decoder", "nan"), ("--decoder-layers", "0")])
+def test_bad_numbers_are_one_argparse_error(lm_dict_dir, flag, value, capsys):
+    with pytest.raises(SystemExit):
+        build_from_command_line(lm_dict_dir, "--arch", "resi_dual_lm_gpt2_tiny", flag, value)
+    assert "must be a finite positive number" in capsys.readouterr().err

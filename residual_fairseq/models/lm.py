@@ -38,6 +38,7 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from .resi_dual import ResiDualConfig, ResiDualDecoder
+from .resi_dual import _positive
 from .resi_dual import validate as validate_resi_dual
 from .postln_layers import ModelConfigError
 
@@ -107,6 +108,15 @@ class ResiDualLanguageModel(TransformerLanguageModel):
     @classmethod
     def hub_models(cls):
         return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        # Check numbers while parsing, so a bad value is one argparse error line.
+        checks = {"dual_scale_decoder": _positive(float), "main_alpha_decoder": _positive(float),
+                  "decoder_layers": _positive(int)}
+        for action in getattr(parser, "_group_actions", parser._actions):
+            action.type = checks.get(action.dest, action.type)
 
     @classmethod
     def build_model(cls, args, task):
