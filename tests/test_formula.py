@@ -40,14 +40,14 @@ def reference_encoder(encoder, src_tokens, s, layers=None, drop_dual_term=None):
     return x + encoder.layer_norm(d)
 
 
-def reference_decoder_features(decoder, prev_tokens, enc_out, enc_pad, s):
+def reference_decoder_features(decoder, prev_tokens, enc_out, enc_pad, s, layers=None):
     t = prev_tokens.size(1)
     x = decoder.embed_scale * decoder.embed_tokens(prev_tokens) + decoder.embed_positions(prev_tokens)
     x = x.transpose(0, 1)
     causal = torch.triu(torch.full((t, t), float("-inf")), 1)
     self_pad = prev_tokens.eq(decoder.padding_idx)
     d = s * x
-    for layer in decoder.layers:
+    for layer in decoder.layers if layers is None else layers:
         f = layer.self_attn(query=x, key=x, value=x, key_padding_mask=self_pad, attn_mask=causal)[0]
         d, x = d + s * f, layer.self_attn_layer_norm(x + f)
         f = layer.encoder_attn(query=x, key=enc_out, value=enc_out, key_padding_mask=enc_pad, static_kv=True)[0]
