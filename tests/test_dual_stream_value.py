@@ -21,6 +21,44 @@ from test_formula import SMALL, random_batch, randomise_norms, reference_decoder
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
+def tensors_held_outside_parameters(model):
+    """Tensors on modules (or on plain objects they hold) that are not parameters or buffers."""
+    found = []
+    for name, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key in ("_parameters", "_buffers", "_modules", "_future_mask"):
+                continue  # _future_mask: fairseq's causal-mask cache, a function of the length
+            held = [value]
+            if hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+                held += list(vars(value).values())
+            found += [f"{name}.{key}" for obj in held if isinstance(obj, torch.Tensor)]
+    return found
+
+
+def test_a_forward_pass_leaves_nothing_on_any_module():
+    """No per-pass state: mid-pass no module holds a tensor of the pass, and every
+    module's attributes are the same objects before and after."""
+    model = build_model("resi_dual", **SMALL)
+    src, lengths, prev = random_batch(model)
+    mid_pass = []
+    for stack in (model.encoder, model.decoder):
+        stack.layers[-1].register_forward_hook(lambda m, a, o: mid_pass.append(tensors_held_outside_parameters(model)))
+    before = {name: dict(vars(m)) for name, m in model.named_modules()}
+    for mode in (model.train, model.eval):
+        mode()
+        model(src, lengths, prev)[0].sum().backward()
+        with torch.no_grad():
+            model(src, lengths, prev)
+    # training: the mode switch; _future_mask: fairseq's decoder caches the causal mask
+    # of the longest length seen (a function of the length, as in stock fairseq).
+    ignore = {"training", "_future_mask"}
+    for name, module in model.named_modules():
+        after = {k: v for k, v in vars(module).items() if k not in ignore}
+        assert after.keys() == {k for k in before[name] if k not in ignore}, name
+        assert all(after[k] is before[name][k] for k in after), name
+    assert len(mid_pass) == 8 and not any(mid_pass), mid_pass
+
+
 def kept_layers(layers, p):
     """The layers fairseq's LayerDropModuleList keeps, drawing as it does."""
     probs = torch.empty(len(layers)).uniform_()
