@@ -267,8 +267,7 @@ def translate_task(data_bin):
     return _tasks[data_bin]
 
 
-@pytest.mark.parametrize("case", ["cfg_adaptive_softmax_cutoff", "args_fconv_decoder_layers", "pickle_reduce",
-                                  "storage_key_dotdot", "bomb_stride_zero", "unexpected_entry"])
+@pytest.mark.parametrize("case", CASES)
 def test_hub_from_pretrained_refuses(case, catalogue, toy_data_bin, marker):
     from fairseq.models.transformer import TransformerModel
 
@@ -303,18 +302,16 @@ def test_fairseq_clis_with_the_plugin_refuse(catalogue, real, toy_data_bin, mark
                 "--max-tokens", "100", "--max-len-b", "5"]
     interactive = [fairseq_cli("fairseq-interactive"), toy_data_bin, "--user-dir", USER_DIR, "--cpu",
                    "--max-len-b", "5"]
+    # Two runs (each ~5 s of imports): the other kinds go through the same guarded loader,
+    # which the in-process hub test feeds the whole catalogue.
     runs = {
-        "generate cfg injection": generate + ["--path", catalogue["cfg_adaptive_softmax_cutoff"][0]],
-        "generate ensemble, args injection 2nd": generate + [
-            "--path", f"{real}:{catalogue['args_adaptive_softmax_cutoff'][0]}"],
-        "interactive pickle payload": interactive + ["--path", catalogue["pickle_reduce"][0]],
-        "interactive memory bomb": interactive + ["--path", catalogue["bomb_stride_zero"][0]],
+        "generate ensemble, cfg injection 2nd": generate + [
+            "--path", f"{real}:{catalogue['cfg_adaptive_softmax_cutoff'][0]}"],
+        "interactive args injection": interactive + ["--path", catalogue["args_adaptive_softmax_cutoff"][0]],
     }
     expected = {
-        "generate cfg injection": "cfg.model.adaptive_softmax_cutoff: refusing to evaluate",
-        "generate ensemble, args injection 2nd": "args.adaptive_softmax_cutoff: refusing to evaluate",
-        "interactive pickle payload": r"it would import (posix|os)\.system",
-        "interactive memory bomb": "a memory bomb",
+        "generate ensemble, cfg injection 2nd": "cfg.model.adaptive_softmax_cutoff: refusing to evaluate",
+        "interactive args injection": "args.adaptive_softmax_cutoff: refusing to evaluate",
     }
     processes = {name: subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=CLI_ENV)
