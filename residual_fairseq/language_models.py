@@ -154,8 +154,14 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
     verify_checkpoint_file(checkpoint)
+    task, stored_data = _stored_task(checkpoint)
+    if task != "language_modeling":
+        raise UserError(f"{checkpoint} is a {task or 'unknown-task'} checkpoint, not a language model "
+                        "(for translation models use residual_fairseq.translate)")
     if data is None:
-        data = _stored_data_dir(checkpoint)
+        if not stored_data:
+            raise UserError(f"{checkpoint} does not say where its data were: pass --data the prepared bin/")
+        data = stored_data
     data = Path(data)
     if not (data / "dict.txt").is_file():
         raise UserError(f"{data} holds no language-model dictionary (dict.txt): pass --data the prepared bin/")
@@ -174,15 +180,14 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     return LanguageModel(hub)
 
 
-def _stored_data_dir(checkpoint: Path) -> Path:
+def _stored_task(checkpoint: Path):
+    """(task name, data directory) as stored in a (verified) checkpoint."""
     import torch
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = state.get("cfg") or {}
     task = cfg.get("task") if isinstance(cfg, dict) else None
-    data = task.get("data") if isinstance(task, dict) else None
-    if not data and state.get("args") is not None:
-        data = getattr(state["args"], "data", None)
-    if not data:
-        raise UserError(f"{checkpoint} does not say where its data were: pass --data the prepared bin/")
-    return Path(str(data))
+    if isinstance(task, dict):
+        return task.get("_name"), task.get("data")
+    args = state.get("args")
+    return getattr(args, "task", None), getattr(args, "data", None)

@@ -225,3 +225,15 @@ def test_benchmark_builds_and_generates_language_models(toy_lm):
     # Every hypothesis of every variant: the same number of steps, at least min_len, then </s>.
     assert len(lengths) == 1 and lengths.pop() > steps
     assert sizes["resi_dual"] == sizes["pre_ln"] == sizes["post_ln"] + 2 * 64  # gpt2_tiny width 64
+
+
+def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
+    from residual_fairseq import load_language_model
+    from residual_fairseq.errors import UserError
+
+    prepared, save_dir, _ = toy_lm
+    state = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    state["cfg"]["task"]["_name"] = "translation"
+    torch.save(state, tmp_path / "translation.pt")
+    with pytest.raises(UserError, match="is a translation checkpoint, not a language model"):
+        load_language_model(tmp_path / "translation.pt", data=prepared / "bin")
