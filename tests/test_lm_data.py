@@ -2,7 +2,6 @@
 import gzip
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 

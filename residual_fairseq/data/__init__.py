@@ -14,10 +14,12 @@ from pathlib import Path
 
 from .datasets import RECIPES
 from .errors import DataPreparationError
+from .language_modeling import LM_RECIPES, prepare_language_model
 from .options import PrepareOptions
 from .pipeline import PreparedData, prepare, read_manifest
 
-__all__ = ["DataPreparationError", "PrepareOptions", "PreparedData", "RECIPES", "prepare",
+__all__ = ["DataPreparationError", "LM_RECIPES", "PrepareOptions", "PreparedData", "RECIPES", "prepare",
+           "prepare_language_model",
            "prepare_sample_corpus", "read_manifest"]
 
 

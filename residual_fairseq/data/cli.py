@@ -20,7 +20,8 @@ def build_parser():
     datasets = "\n".join(f"  {name:15} {recipe.summary}" for name, recipe in {**RECIPES, **LM_RECIPES}.items())
     parser = argparse.ArgumentParser(
         prog="residual-fairseq-prepare",
-        description="Download (or read), clean, tokenize, segment and binarize a translation corpus for fairseq.",
+        description="Download (or read), clean, tokenize, segment and binarize a translation corpus "
+                    "(or a language-modeling text: --dataset wikitext-103, sample-lm, custom-lm) for fairseq.",
         epilog=f"datasets:\n{datasets}\n\nDocumentation: docs/data.md",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -32,7 +32,7 @@ from pathlib import Path
 from . import subword
 from .binarize import run_fairseq_preprocess
 from .datasets import HeldOutSplits, Recipe, Source, describe_input
-from .download import download, find_file, sha256_of, unpack_sources
+from .download import default_download_dir, find_file, sha256_of
 from .errors import DataPreparationError
 from .pipeline import (
     BINARY_DIR, LOG_NAME, MANIFEST_NAME, PreparedData, existing_preparation, file_records,
@@ -40,7 +40,6 @@ from .pipeline import (
 )
 from .text import map_lines
 from .textio import UNDECODABLE, SkipCounter, read_lines, read_tsv_pairs, write_lines
-from .download import default_download_dir
 from ..resources import shipped_dir
 
 logger = logging.getLogger("residual_fairseq.data")
