@@ -237,3 +237,32 @@ def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
     torch.save(state, tmp_path / "translation.pt")
     with pytest.raises(UserError, match="is a translation checkpoint, not a language model"):
         load_language_model(tmp_path / "translation.pt", data=prepared / "bin")
+
+
+@pytest.mark.parametrize("dataset", [name for name, spec in configs.DATASETS.items()
+                                     if spec.task == "language_modeling"])
+def test_lm_configs_build_their_models(dataset):
+    """Each shipped LM config builds (shapes only) through fairseq's hydra-path builder;
+    ResiDual's LN(d_N) is the only difference in size from Pre-LN's final norm."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from fairseq import models
+    from residual_fairseq.variants import toy_dictionary
+
+    dictionary = toy_dictionary(70000)  # above the wiki103 recipe's adaptive cutoffs
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    for layers in configs.DATASETS[dataset].depths:
+        counts = {}
+        for variant in configs.VARIANTS:
+            settings = configs.load(dataset, variant, layers)
+            model_cfg = {**settings["model"], "tokens_per_sample": settings["task"]["tokens_per_sample"],
+                         "max_target_positions": None, "add_bos_token": False, "tpu": False}
+            with torch.device("meta"):
+                model = models.build_model(OmegaConf.create(model_cfg), task)
+            assert len(model.decoder.layers) == layers
+            assert model.decoder.embed_dim == settings["model"]["decoder_embed_dim"]
+            assert model.decoder.project_in_dim is None and model.decoder.project_out_dim is None
+            counts[variant] = sum(p.numel() for p in model.parameters())
+        assert counts["resi_dual"] == counts["pre_ln"] == counts["post_ln"] + 2 * model.decoder.embed_dim
