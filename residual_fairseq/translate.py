@@ -206,7 +206,9 @@ def main(argv=None):
     lines = read_input(args.input)
     if not any(line.strip() for line in lines):
         raise UserError("empty input: nothing to translate (give sentences on stdin or with --input)")
-    use_threads(args.threads, announce=lambda note: print(note, file=sys.stderr))  # stdout is for translations
+    # stdout is for translations: the thread note goes to stderr, and only on a terminal, so that
+    # scripts reading stderr see nothing but errors.
+    use_threads(args.threads, announce=(lambda note: print(note, file=sys.stderr)) if sys.stderr.isatty() else None)
     translator = load_translator(
         args.checkpoint, args.data, bpe=None if args.bpe == "none" else args.bpe, bpe_codes=args.bpe_codes,
         sentencepiece_model=args.sentencepiece_model, tokenizer=None if args.tokenizer == "none" else args.tokenizer,
