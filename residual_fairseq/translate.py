@@ -139,6 +139,10 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         option, path = subword_files[bpe]
         if not path or not Path(path).is_file():
             raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
+        from .data.subword import check_model_file
+
+        # A garbage codes/model file: one line, not subword-nmt's or sentencepiece's traceback.
+        check_model_file(path, "spm" if bpe == "sentencepiece" else "bpe")
         overrides[option] = str(Path(path).resolve())
     try:
         hub = ResiDualModel.from_pretrained(

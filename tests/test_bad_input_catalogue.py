@@ -199,3 +199,18 @@ def test_result_json_of_a_kept_evaluation_is_never_half_written(tmp_path):
     with pytest.raises(TypeError):
         evaluate.write_json({"bad": object()}, path)
     assert json.loads(path.read_text()) == {"kept": True}
+
+
+def test_translate_with_a_garbage_subword_model(capsys, trained_tiny, tmp_path):
+    data_bin, save_dir, _ = trained_tiny
+    codes = tmp_path / "codes"
+    codes.write_text("not a codes file at all\n")
+    model = tmp_path / "m.bin"
+    model.write_bytes(b"\x00\x01garbage")
+    text = tmp_path / "in.txt"
+    text.write_text("w1 w2\n")
+    ckpt = save_dir / "checkpoint_last.pt"
+    assert "is not a subword-nmt codes file: line 1" in user_error(capsys, translate.main, [
+        ckpt, "--data", data_bin, "--input", text, "--bpe", "subword_nmt", "--bpe-codes", codes])
+    assert "is not a sentencepiece model" in user_error(capsys, translate.main, [
+        ckpt, "--data", data_bin, "--input", text, "--bpe", "sentencepiece", "--sentencepiece-model", model])

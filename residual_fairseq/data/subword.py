@@ -57,10 +57,13 @@ def method_of_model_file(path):
     return "spm" if path.suffix == ".model" else "bpe"
 
 
-def check_model_file(path):
-    """A one-line error unless ``path`` is a loadable sentencepiece model or subword-nmt codes file."""
+def check_model_file(path, method=None):
+    """A one-line error unless ``path`` is a loadable sentencepiece model or subword-nmt codes file.
+
+    ``method`` (``"spm"`` or ``"bpe"``) defaults to the guess from the file name.
+    """
     path = Path(path)
-    if method_of_model_file(path) == "spm":
+    if (method or method_of_model_file(path)) == "spm":
         import sentencepiece
 
         try:
