@@ -27,7 +27,7 @@ from . import configs, train
 from .argtypes import check_output_dir, positive_int
 from .errors import UserError, cli_main
 from .runtime import add_verbose_flag
-from .safe_checkpoints import verify_checkpoint_file
+from .safe_checkpoints import read_checkpoint
 
 
 class VocabularyMismatch(UserError):
@@ -74,11 +74,9 @@ class OriginalVocabulary:
 
 
 def embedding_rows(checkpoint: Path) -> dict:
-    """Rows of the checkpoint's source and target embedding tables."""
-    import torch
-
-    state = torch.load(verify_checkpoint_file(checkpoint), map_location="cpu", weights_only=True)
-    weights = state.get("model", {})
+    """Rows of the checkpoint's source and target embedding tables (the file is checked
+    before it is unpickled: :func:`~residual_fairseq.safe_checkpoints.read_checkpoint`)."""
+    weights = read_checkpoint(checkpoint)["model"]
     rows = {}
     for side, key in (("source", "encoder.embed_tokens.weight"), ("target", "decoder.embed_tokens.weight")):
         if key not in weights:
@@ -93,9 +91,10 @@ def dictionary_size(path: Path) -> int:
     return len(Dictionary.load(str(path)))
 
 
-def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path) -> None:
-    """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings."""
-    rows = embedding_rows(checkpoint)
+def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path, rows: Optional[dict] = None) -> None:
+    """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings
+    (``rows``: :func:`embedding_rows` of the checkpoint, if already known)."""
+    rows = rows or embedding_rows(checkpoint)
     for side, path in (("source", srcdict), ("target", tgtdict)):
         size = dictionary_size(path)
         if size != rows[side]:
@@ -138,9 +137,7 @@ MATCHED_SETTINGS = train.SIZE_FLAGS + ("encoder_normalize_before", "decoder_norm
 
 def checkpoint_model_settings(checkpoint: Path) -> dict:
     """The model settings stored in a fairseq checkpoint (its cfg.model), as a dict."""
-    import torch
-
-    state = torch.load(verify_checkpoint_file(checkpoint), map_location="cpu", weights_only=True)
+    state = read_checkpoint(checkpoint)
     model = (state.get("cfg") or {}).get("model") if isinstance(state.get("cfg"), dict) else None
     if model is None and state.get("args") is not None:
         model = state["args"]
@@ -175,13 +172,13 @@ def check_config_matches_checkpoint(checkpoint: Path, settings: dict, extra_args
                         f"{', '.join(differences)}): pass the --train-config it was trained with")
 
 
-def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary) -> Path:
+def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary, rows: Optional[dict] = None) -> Path:
     """Prepare the new pair with the original subword model and dictionaries; returns bin/."""
     from .data import PrepareOptions, prepare
 
     srcdict = vocabulary.dictionary_for(request.source_lang)
     tgtdict = vocabulary.dictionary_for(request.target_lang)
-    check_compatible(Path(request.checkpoint), srcdict, tgtdict)
+    check_compatible(Path(request.checkpoint), srcdict, tgtdict, rows)
     options = PrepareOptions(
         dataset=request.dataset, out=Path(request.data_out), source_lang=request.source_lang,
         target_lang=request.target_lang, subword_model=vocabulary.subword_model,
@@ -197,6 +194,7 @@ def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan
         raise UserError(f"checkpoint not found: {request.checkpoint}")
     check_output_dir(request.save_dir, "--save-dir")
     check_output_dir(request.data_out, "--data-out")
+    rows = embedding_rows(Path(request.checkpoint))  # checks the checkpoint before anything is written
     config, vocab_from = original_run(request)
     dataset, variant, layers = config[:3]
     decoder_layers = int(config[3]) if len(config) > 3 else int(layers)
@@ -206,7 +204,7 @@ def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan
     vocabulary = OriginalVocabulary.from_prepared(vocab_from)
     print(f"fine-tuning {variant} {layers}L ({dataset} config) on {request.dataset} "
           f"{request.source_lang}->{request.target_lang} with the vocabulary of {vocab_from}", flush=True)
-    bin_dir = prepare_new_pair(request, vocabulary)
+    bin_dir = prepare_new_pair(request, vocabulary, rows)
     train_request = train.TrainRequest(
         dataset, variant, int(layers), bin_dir, Path(request.save_dir), nprocs=request.nprocs,
         source_lang=request.source_lang, target_lang=request.target_lang, decoder_layers=decoder_layers,

@@ -92,9 +92,9 @@ def direct_gradient_norms(model, criterion, batches):
         for i, layer in enumerate(getattr(model, name).layers):
             handles.append(layer.register_forward_pre_hook(
                 lambda module, args, name=name, i=i: inputs[name][i].append(args[0])))
-    if hasattr(model.encoder.layer_norm, "stream"):  # ResiDual: d_N as LN_final receives it
+    if model.encoder.layer_norm is not None:  # ResiDual: d_N as LN_final receives it
         handles.append(model.encoder.layer_norm.register_forward_pre_hook(
-            lambda module, args: final_d.append(module.stream.value.detach())))
+            lambda module, args: final_d.append(args[0].detach())))
     total_tokens = sum(s["ntokens"] for s in batches)
     masks = []
     loss = 0.0

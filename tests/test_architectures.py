@@ -4,7 +4,7 @@ import argparse
 import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
-from residual_fairseq.models.resi_dual import FAIRSEQ_PRESET_OF
+from residual_fairseq.models.resi_dual import DUAL_STREAM_OPTIONS, FAIRSEQ_PRESET_OF
 from residual_fairseq.variants import build_model
 
 
@@ -17,8 +17,8 @@ def preset(arch):
 @pytest.mark.parametrize("arch", sorted(FAIRSEQ_PRESET_OF))
 def test_same_settings_as_the_fairseq_preset(arch):
     ours, theirs = preset(arch), preset(FAIRSEQ_PRESET_OF[arch])
-    assert {k: v for k, v in ours.items() if not k.startswith("dual_scale_")} == theirs
-    assert ours["dual_scale_encoder"] == ours["dual_scale_decoder"] == 1.0
+    assert {k: v for k, v in ours.items() if k not in DUAL_STREAM_OPTIONS} == theirs
+    assert all(ours[name] == 1.0 for name in DUAL_STREAM_OPTIONS)
 
 
 @pytest.mark.parametrize("preset_name", ["", "iwslt_de_en"])

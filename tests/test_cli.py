@@ -42,7 +42,7 @@ def test_cli_options_reach_the_model(trained_tiny):
     from fairseq import checkpoint_utils
 
     [model], _ = checkpoint_utils.load_model_ensemble([str(save_dir / "checkpoint_last.pt")])
-    assert (model.encoder.dual_stream.scale, model.decoder.dual_stream.scale) == (0.5, 0.25)
+    assert (model.encoder.dual_scale, model.decoder.dual_scale) == (0.5, 0.25)
 
 
 def test_hydra_yaml_options_reach_the_model(toy_data_bin, tmp_path):
@@ -66,7 +66,7 @@ checkpoint: {{save_dir: {tmp_path / 'ckpt'}}}
 
     [model], _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "ckpt" / "checkpoint_last.pt")])
     assert len(model.encoder.layers) == 3
-    assert (model.encoder.dual_stream.scale, model.decoder.dual_stream.scale) == (0.125, 0.375)
+    assert (model.encoder.dual_scale, model.decoder.dual_scale) == (0.125, 0.375)
 
 
 def test_resume_from_checkpoint_last(trained_tiny, tmp_path):
@@ -93,5 +93,5 @@ def test_bad_model_option_is_one_argparse_line(toy_data_bin):
     ], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "fairseq-train: error: argument --dual-scale-decoder: must be a positive number, got -0.5"
+        "fairseq-train: error: argument --dual-scale-decoder: must be a finite positive number, got -0.5"
     )

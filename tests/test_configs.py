@@ -50,7 +50,7 @@ def test_config_builds_its_model(dataset, variant, layers):
     assert model.encoder.layers[0].self_attn.num_heads == model_cfg["encoder_attention_heads"]
     if variant == "resi_dual":
         scale = configs.DATASETS[dataset].dual_scale
-        assert model.encoder.layer_norm.stream.scale == model.decoder.layer_norm.stream.scale == scale
+        assert model.encoder.dual_scale == model.decoder.dual_scale == scale
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params == expected_parameters(model_cfg, variant, len(VOCAB))
 

@@ -37,7 +37,7 @@ def test_from_pretrained_decodes_identically(toy_data_bin, tmp_path):
         str(tmp_path), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(toy_data_bin)
     )
     assert isinstance(reloaded.models[0], ResiDualModel)
-    assert reloaded.models[0].encoder.dual_stream.scale == 0.3
+    assert reloaded.models[0].encoder.dual_scale == 0.3
 
     expected, actual = model.state_dict(), reloaded.models[0].state_dict()
     assert expected.keys() == actual.keys()

@@ -11,13 +11,15 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
+from ..models.resi_dual import carries_dual_stream
 from .similarity import linear_cka, mean_token_cosine
 
 STACKS = ("encoder", "decoder")
 
 
 def _layer_output(output):
-    # Encoder layers return x (or (x, fc_result)), decoder layers (x, attn, state).
+    # Encoder layers return x (or (x, fc_result)), decoder layers (x, attn, state),
+    # ResiDual layers (x, d) and (x, d, attn).
     return output[0] if isinstance(output, tuple) else output
 
 
@@ -47,8 +49,8 @@ class StackProbe:
 
     For each forward pass the caller sets ``mask`` (batch, time; True at real
     tokens). Per layer it keeps the non-pad rows of the layer's output, of the
-    ResiDual dual stream ``d`` after the layer (``layer.dual_stream.value``,
-    read in the forward hook, i.e. right after the layer added to it), and the
+    ResiDual dual stream ``d`` after the layer (the second value a ResiDual
+    layer returns), and the
     squared norm of the loss gradient w.r.t. the layer's input, summed over passes.
     """
 
@@ -67,7 +69,7 @@ class StackProbe:
 
     @property
     def has_dual_stream(self) -> bool:
-        return all(getattr(layer, "dual_stream", None) is not None for layer in self.layers)
+        return all(carries_dual_stream(layer) for layer in self.layers)
 
     def _pre_hook(self, i):
         def hook(module, args):
@@ -82,9 +84,8 @@ class StackProbe:
     def _post_hook(self, i):
         def hook(module, args, output):
             self.outputs[i].append(_tokens(_layer_output(output), self.mask))
-            stream = getattr(module, "dual_stream", None)
-            if stream is not None and stream.value is not None:
-                d = _tokens(stream.value, self.mask)
+            if carries_dual_stream(module):
+                d = _tokens(output[1], self.mask)
                 self.dual[i].append(d)
                 self.dual_max_abs[i] = max(self.dual_max_abs[i], d.abs().max().item())
         return hook
