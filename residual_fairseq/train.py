@@ -240,7 +240,7 @@ def check_extra_args(extra_args) -> None:
             except ValueError:
                 raise UserError(f"{name} {value!r}: expected a number") from None
             if not math.isfinite(number) or number <= 0:
-                raise UserError(f"{name} must be a finite number > 0, got {item}")
+                raise UserError(f"{name} must be a finite positive number, got {item}")
 
 
 def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:

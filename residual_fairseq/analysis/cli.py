@@ -94,7 +94,7 @@ def check_args(args):
         if value is not None and value > MAX_LAYERS:
             raise UserError(f"--{name.replace('_', '-')} must be at most {MAX_LAYERS}, got {value}")
     if args.dual_scale is not None and args.dual_scale <= 0:
-        raise UserError(f"--dual-scale must be a positive number, got {args.dual_scale}")
+        raise UserError(f"--dual-scale must be a finite positive number, got {args.dual_scale}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {args.dropout}")
     if not 0 <= args.label_smoothing < 1:
