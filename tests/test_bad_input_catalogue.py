@@ -214,3 +214,16 @@ def test_translate_with_a_garbage_subword_model(capsys, trained_tiny, tmp_path):
         ckpt, "--data", data_bin, "--input", text, "--bpe", "subword_nmt", "--bpe-codes", codes])
     assert "is not a sentencepiece model" in user_error(capsys, translate.main, [
         ckpt, "--data", data_bin, "--input", text, "--bpe", "sentencepiece", "--sentencepiece-model", model])
+
+
+def test_no_debug_lines_or_import_noise(tmp_path):
+    """fairseq's import sets the root logger to DEBUG (matplotlib then logs its font search) and,
+    without tensorboardX, prints "Please install tensorboardX": neither reaches the user."""
+    from helpers import CLI_ENV, REPO, run
+
+    proc = run([sys.executable, REPO / "scripts" / "analyze.py", "--help"], env=CLI_ENV)
+    output = proc.stdout + proc.stderr
+    assert "DEBUG:" not in output and "tensorboardX" not in output and "usage: residual-fairseq-analyze" in output
+    proc = run([sys.executable, "-c", "import logging, residual_fairseq; print(logging.getLogger().level)"],
+               env=CLI_ENV)
+    assert proc.stdout.strip().splitlines()[-1] == str(20)  # INFO, not DEBUG
