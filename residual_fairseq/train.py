@@ -276,16 +276,17 @@ def read_run_record(save_dir) -> Optional[dict]:
 
 _STATS_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
 _BATCHES_LINE = re.compile(r"grouped total_num_itrs = (\d+)")
-_INFO_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \|")
-_PY_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
+_ERROR_LINE = re.compile(r"^(\S+: )?error: ")  # argparse's and the plugin's one-line errors
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (\w+) \|")
 
 
 class ProgressDisplay:
     """A tqdm bar (updates, loss, ETA) fed with fairseq's JSON log lines, for a terminal.
 
-    The full output still goes to train.log; on the terminal, INFO lines give way to
-    the bar, validation and epoch results are printed as one line each, and anything
-    else (warnings from fairseq's logger, errors, tracebacks) is shown as it comes.
+    The full output still goes to train.log; on the terminal, INFO records (the config,
+    the model) and Python's deprecation warnings give way to the bar, validation and
+    epoch results are printed as one line each, and fairseq's WARNING/ERROR records and
+    any traceback are shown as they come.
     """
 
     def __init__(self, max_update=0, max_epoch=0, stream=None):
@@ -295,7 +296,8 @@ class ProgressDisplay:
         self.stream = stream or sys.stdout
         self.bar = tqdm(total=self.max_update or None, unit="upd", dynamic_ncols=True, file=self.stream,
                         desc="training")
-        self._skip_source_line = False
+        self._showing = False        # inside a WARNING/ERROR record (its continuation lines too)
+        self._in_traceback = False   # from "Traceback" on, everything is shown
 
     def feed(self, line: str) -> None:
         stats = _STATS_LINE.search(line)
@@ -319,15 +321,13 @@ class ProgressDisplay:
                 self.bar.total = int(batches.group(1)) * self.max_epoch
                 self.bar.refresh()
             return
-        if self._skip_source_line:  # the source line Python prints under a warning
-            self._skip_source_line = False
-            return
-        if _PY_WARNING.match(line):
-            self._skip_source_line = True
-            return
-        if _INFO_LINE.match(line) or not line.strip():
-            return
-        self.write(line.rstrip("\n"))
+        level = _LOG_LINE.match(line)
+        if level:  # a new log record: shown when it is a warning or an error
+            self._showing = level.group(1) in ("WARNING", "ERROR", "CRITICAL")
+        elif line.startswith("Traceback"):
+            self._showing = self._in_traceback = True
+        if (self._showing or self._in_traceback or _ERROR_LINE.match(line)) and line.strip():
+            self.write(line.rstrip("\n"))
 
     def write(self, text: str) -> None:
         """A line above the bar."""

@@ -163,6 +163,12 @@ def test_progress_bar_reads_fairseq_json_lines():
         '"num_updates": "25"}\n',
         '2026-12-03 02:30:20 | INFO | valid | {"epoch": 1, "valid_loss": "8.25", "valid_num_updates": "50"}\n',
         "2026-12-03 02:30:21 | WARNING | fairseq.trainer | something worth seeing\n",
+        "2026-12-03 02:30:22 | INFO | fairseq_cli.train | ResiDualModel(\n",
+        "  (encoder): ResiDualEncoder(\n",
+        "fairseq-train: error: argument --foo: bad\n",
+        "Traceback (most recent call last):\n",
+        "  File \"x.py\", line 1, in <module>\n",
+        "RuntimeError: boom\n",
     ]
     for line in lines:
         display.feed(line)
@@ -171,6 +177,8 @@ def test_progress_bar_reads_fairseq_json_lines():
     shown = stream.getvalue()
     assert "epoch 1 update 50: valid loss 8.25" in shown and "something worth seeing" in shown
     assert "config dump" not in shown and "UserWarning" not in shown and "_canonical_mask" not in shown
+    assert "ResiDualEncoder" not in shown and "fairseq-train: error: argument --foo" in shown
+    assert "Traceback" in shown and "RuntimeError: boom" in shown
 
 
 def test_tensorboard_logdir_writes_event_files(toy_data_bin, tmp_path):
