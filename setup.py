@@ -53,6 +53,7 @@ setup(
         "subword-nmt",
         "matplotlib",
         "tqdm",
+        "tensorboardX>=2.6",     # fairseq-train --tensorboard-logdir (fairseq prints "Please install tensorboardX" without it)
     ],
     extras_require={"test": ["pytest"]},
     entry_points={

@@ -8,10 +8,13 @@ files need under ``torch.load(weights_only=True)``, opens every checkpoint throu
 is unpickled), and gives fairseq a literal-only ``eval`` for config strings
 (:mod:`residual_fairseq.config_strings`).
 """
+import logging
 import os
 
-from . import config_strings, safe_checkpoints
-from .models import ResiDualConfig, ResiDualModel  # noqa: F401  (registers resi_dual)
+_ROOT_LOG_LEVEL = logging.getLogger().level  # before fairseq's import sets it to DEBUG (see runtime)
+
+from . import config_strings, runtime, safe_checkpoints  # noqa: E402
+from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)
 
 __version__ = "0.1.0"
 
@@ -21,6 +24,7 @@ USER_DIR = os.path.dirname(os.path.abspath(__file__))
 safe_checkpoints.allow_fairseq_checkpoint_globals()
 safe_checkpoints.install_loading_guard()
 config_strings.close_fairseq_eval_calls()
+runtime.undo_debug_logging_of_fairseq_import(_ROOT_LOG_LEVEL)
 
 
 def load_language_model(checkpoint, data=None, cpu=None):

@@ -21,8 +21,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .argtypes import check_output_file
 from .atomic import atomic_output
 from .errors import UserError, cli_main
+from .runtime import add_verbose_flag
 from .safe_checkpoints import read_checkpoint
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
@@ -133,12 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="average the last N update checkpoints (checkpoint_E_U.pt) of the --inputs directory")
     parser.add_argument("--checkpoint-upper-bound", type=int,
                         help="ignore checkpoints after this epoch / update number")
+    add_verbose_flag(parser)
     return parser
 
 
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_output_file(args.output, "--output")
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is not None:
         if n < 1:
@@ -149,6 +153,8 @@ def main(argv=None):
                                    args.checkpoint_upper_bound)
     else:
         paths = args.inputs
+    if any(Path(path).resolve() == Path(args.output).resolve() for path in paths):
+        raise UserError(f"--output {args.output} is one of the checkpoints being averaged: choose another file")
     print("averaging:\n  " + "\n  ".join(paths))
     save_checkpoint_atomically(average_checkpoints(paths), args.output)
     print(f"wrote {args.output}")

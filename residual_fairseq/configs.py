@@ -94,13 +94,26 @@ def config_name(variant: str, layers: int) -> str:
     return f"{variant}-{layers}l"
 
 
-def check_choice(dataset: str, variant: str, layers: int) -> DatasetSpec:
-    """The dataset's spec; a one-line UserError for a combination that is not shipped."""
+# Deeper than this cannot be meant (DeepNet's deepest model has 1000 layers in all).
+MAX_LAYERS = 1000
+
+
+def check_choice(dataset: str, variant: str, layers=None, shipped_only: bool = True) -> DatasetSpec:
+    """The dataset's spec; a one-line UserError for a combination that is not shipped.
+
+    ``shipped_only=False`` accepts any depth from 1 to MAX_LAYERS (composed from base.yaml).
+    """
     if dataset not in DATASETS:
         raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     if variant not in VARIANTS:
         raise UserError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     spec = DATASETS[dataset]
+    if layers is None:
+        return spec
+    if not shipped_only:
+        if not 1 <= layers <= MAX_LAYERS:
+            raise UserError(f"layers must be between 1 and {MAX_LAYERS}, got {layers}")
+        return spec
     if layers not in spec.depths:
         depths = ", ".join(str(d) for d in spec.depths)
         raise UserError(f"no {dataset} config with {layers} layers; shipped depths: {depths}")
@@ -120,13 +133,18 @@ def all_configs():
 
 # --- composing ------------------------------------------------------------------------
 
-def run_settings(dataset: str, variant: str, layers: int) -> dict:
-    """What a per-run file adds to base.yaml: the residual scheme and the depth."""
-    spec = check_choice(dataset, variant, layers)
+def run_settings(dataset: str, variant: str, layers: int, decoder_layers: int = None,
+                 shipped_only: bool = True) -> dict:
+    """What a per-run file adds to base.yaml: the residual scheme and the depth
+    (``layers`` encoder layers, ``decoder_layers`` decoder layers, default the same;
+    a language model has decoder layers only: ``layers``)."""
+    decoder_layers = layers if decoder_layers is None else decoder_layers
+    spec = check_choice(dataset, variant, layers, shipped_only and layers == decoder_layers)
+    check_choice(dataset, variant, decoder_layers, shipped_only and layers == decoder_layers)
     if spec.task == "language_modeling":
-        return {"model": lm_model_settings(variant, layers, spec.dual_scale)}
+        return {"model": lm_model_settings(variant, decoder_layers, spec.dual_scale)}
     # fairseq's transformer without/with normalize_before, or resi_dual.
-    model = {"_name": arch_name(variant), "encoder_layers": layers, "decoder_layers": layers,
+    model = {"_name": arch_name(variant), "encoder_layers": layers, "decoder_layers": decoder_layers,
              **variant_overrides(variant)}
     if variant == "resi_dual":
         model["dual_scale_encoder"] = spec.dual_scale
@@ -179,11 +197,20 @@ def merge(base: dict, update: dict) -> dict:
     return merged
 
 
-def load(dataset: str, variant: str, layers: int, overrides: dict = None) -> dict:
+def load(dataset: str, variant: str, layers: int, overrides: dict = None, decoder_layers: int = None) -> dict:
     """The composed settings of one shipped config (base + run file + ``overrides``).
 
-    Returns the fairseq groups only (no ``hydra``/``defaults``), as nested dicts.
+    Returns the fairseq groups only (no ``hydra``/``defaults``), as nested dicts. A depth
+    the dataset does not ship (or different encoder and decoder depths) is composed
+    the same way from its base.yaml and :func:`run_settings`.
     """
+    decoder_layers = layers if decoder_layers is None else decoder_layers
+    if decoder_layers != layers or layers not in check_choice(dataset, variant).depths:
+        settings = run_settings(dataset, variant, layers, decoder_layers, shipped_only=False)
+        composed = merge(read_yaml(dataset_dir(dataset) / f"{BASE_NAME}.yaml"), settings)
+        for key in ("defaults", "hydra"):
+            composed.pop(key, None)
+        return merge(composed, overrides or {})
     path = config_path(dataset, variant, layers)
     run = read_yaml(path)
     if run.get("defaults") != ["_self_", BASE_NAME]:

@@ -1,7 +1,9 @@
 """One error type for everything a user can get wrong, and the CLI wrapper for it.
 
 Every command of the project turns a :class:`UserError` into one line on stderr,
-``error: <message>``, and exit status 2: no traceback wall for bad input.
+``error: <message>``, and exit status 2: no traceback wall for bad input. It also
+keeps DEBUG log lines off the terminal unless ``--verbose`` is on the command line
+(:func:`residual_fairseq.runtime.configure_logging`).
 """
 import functools
 import sys
@@ -16,6 +18,10 @@ def cli_main(main):
 
     @functools.wraps(main)
     def wrapper(argv=None):
+        from .runtime import configure_logging
+
+        words = sys.argv[1:] if argv is None else [str(word) for word in argv]
+        configure_logging(verbose="--verbose" in words[:words.index("--")] if "--" in words else "--verbose" in words)
         try:
             return main(argv)
         except UserError as err:

@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import USER_DIR
+from .argtypes import check_output_file, finite_float, int_at_least, positive_int, read_user_lines, shell_words
 from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
 from .errors import UserError, cli_main
+from .runtime import add_threads_flag, add_verbose_flag, resolve_threads, thread_environment, threads_note
 from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations
 
@@ -145,13 +147,14 @@ def remove_bpe_value(subword):
     return REMOVE_BPE[subword]
 
 
-def run_generate(command, output_path):
+def run_generate(command, output_path, threads=None, log_path=None):
     """Run fairseq-generate, its stdout into ``output_path`` (atomically), its log beside it."""
     print("running: " + shlex.join(command), flush=True)
-    log_path = Path(str(output_path) + ".log")
+    log_path = Path(log_path or str(output_path) + ".log")
+    env = thread_environment(threads) if threads else None
     with atomic_output(output_path) as tmp, open(tmp, "w") as stdout, open(log_path, "w") as log:
         try:
-            returncode = subprocess.run(command, stdout=stdout, stderr=log).returncode
+            returncode = subprocess.run(command, stdout=stdout, stderr=log, env=env).returncode
         except FileNotFoundError:
             raise UserError(f"{command[0]} not found: is fairseq installed in this environment?")
         if returncode != 0:
@@ -174,16 +177,15 @@ def read_generate_output(path):
     fairseq-generate prints it (with the same --remove-bpe applied).
     """
     hypotheses, references = {}, {}
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            match = _GENERATE_LINE.match(line.rstrip("\n"))
-            if not match:
-                continue
-            kind, sentence_id, rest = match.group(1), int(match.group(2)), match.group(3)
-            if kind == "H":
-                hypotheses.setdefault(sentence_id, rest.split("\t", 1)[1] if "\t" in rest else "")
-            else:
-                references[sentence_id] = rest
+    for line in read_user_lines(path):
+        match = _GENERATE_LINE.match(line)
+        if not match:
+            continue
+        kind, sentence_id, rest = match.group(1), int(match.group(2)), match.group(3)
+        if kind == "H":
+            hypotheses.setdefault(sentence_id, rest.split("\t", 1)[1] if "\t" in rest else "")
+        else:
+            references[sentence_id] = rest
     if not hypotheses:
         raise UserError(f"no hypotheses (H-<id> lines) in {path}: not a fairseq-generate output?")
     if sorted(hypotheses) != sorted(references):
@@ -203,10 +205,8 @@ def detokenize(lines, lang):
 
 
 def read_lines(path):
-    if not os.path.isfile(path):
-        raise UserError(f"file not found: {path}")
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+    """A reference file: UTF-8 (or UTF-16/32 with a byte-order mark), else a one-line error."""
+    return read_user_lines(path)
 
 
 def score_generate_output(generate_output, *, detok_lang=None, compound_split=False, reference=None,
@@ -241,7 +241,7 @@ def score_generate_output(generate_output, *, detok_lang=None, compound_split=Fa
 def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_based=False, beam=5, lenpen=1.0,
                  max_tokens=4096, batch_size=None, subword=None, detok_lang=None, compound_split=False,
                  reference=None, out_json=None, user_dir=USER_DIR, cpu=None,
-                 generate_args: Sequence[str] = ()) -> dict:
+                 generate_args: Sequence[str] = (), threads: Optional[int] = None) -> dict:
     """Evaluate a checkpoint (or the average of a directory's last N) on ``data_bin``'s ``subset``.
 
     Args:
@@ -259,6 +259,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
         out_json: the result file (default ``<checkpoint dir>/eval-<subset>[-avgN].json``);
             ``.generate.txt`` and ``.hyp.txt`` files are written beside it.
         generate_args: extra fairseq-generate arguments, e.g. ``["--max-len-b", "50"]``.
+        threads: CPU threads of fairseq-generate (default: inherited environment).
 
     Returns the dict written to ``out_json``: checkpoint(s), data, generation options,
     command, ``sacrebleu`` (score, signature), ``chrf``, ``tokenized_bleu``,
@@ -269,6 +270,8 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
         raise UserError(f"data directory not found: {data_bin}")
     if not any(name.startswith(f"{subset}.") and name.endswith(".bin") for name in os.listdir(data_bin)):
         raise UserError(f"no binarized '{subset}' split in {data_bin} (expected {subset}.<src>-<tgt>.<lang>.bin)")
+    if out_json is not None:  # before averaging writes anything
+        check_output_file(out_json, "--out-json")
     checkpoint_path, sources = resolve_checkpoint(checkpoint, last_n, update_based)
     if out_json is None:
         tag = f"-avg{last_n}" if last_n else ""
@@ -277,27 +280,44 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     stem = out_json.with_suffix("")
     generate_output = Path(f"{stem}.generate.txt")
 
-    with unsplittable_path(checkpoint_path) as generate_path:
-        command = generate_command(generate_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
-                                   subword, cpu, user_dir, generate_args)
-        run_generate(command, generate_output)
-    expected = binarized_size(data_bin, subset)
-    scores = score_generate_output(generate_output, detok_lang=detok_lang, compound_split=compound_split,
-                                   reference=reference, hypotheses_path=Path(f"{stem}.hyp.txt"))
-    if scores["num_sentences"] != expected:
-        raise UserError(f"fairseq-generate translated {scores['num_sentences']} of the {expected} sentences "
-                        f"of '{subset}' (see {generate_output})")
-    result = {
-        "checkpoint": str(checkpoint_path),
-        "averaged_from": sources if last_n else None,
-        "data": str(data_bin),
-        "subset": subset,
-        "generation": {"beam": beam, "lenpen": lenpen, "max_tokens": max_tokens, "batch_size": batch_size,
-                       "subword": subword, "extra_args": list(generate_args)},
-        "generate_command": shlex.join(command),
-        **scores,
-        "result_file": str(out_json),
-    }
+    for path in (out_json, generate_output, Path(f"{stem}.hyp.txt")):
+        check_output_file(path, "--out-json" if path == out_json else "output")
+    # A failed run must leave an earlier result intact: its JSON names the .generate.txt and
+    # .hyp.txt beside it, so the new ones are written under temporary names and moved into
+    # place together with the new JSON, only once everything has succeeded.
+    staged_generate = Path(f"{stem}.generate.txt.partial-{os.getpid()}")
+    staged_hypotheses = Path(f"{stem}.hyp.txt.partial-{os.getpid()}")
+    failed_generate = Path(f"{stem}.generate.failed.txt")
+    try:
+        with unsplittable_path(checkpoint_path) as generate_path:
+            command = generate_command(generate_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
+                                       subword, cpu, user_dir, generate_args)
+            run_generate(command, staged_generate, threads=threads, log_path=Path(f"{generate_output}.log"))
+        expected = binarized_size(data_bin, subset)
+        scores = score_generate_output(staged_generate, detok_lang=detok_lang, compound_split=compound_split,
+                                       reference=reference, hypotheses_path=staged_hypotheses)
+        if scores["num_sentences"] != expected:
+            os.replace(staged_generate, failed_generate)
+            raise UserError(f"fairseq-generate translated {scores['num_sentences']} of the {expected} sentences "
+                            f"of '{subset}' (see {failed_generate})")
+        scores.update(generate_output=str(generate_output), hypotheses=str(Path(f"{stem}.hyp.txt")))
+        result = {
+            "checkpoint": str(checkpoint_path),
+            "averaged_from": sources if last_n else None,
+            "data": str(data_bin),
+            "subset": subset,
+            "generation": {"beam": beam, "lenpen": lenpen, "max_tokens": max_tokens, "batch_size": batch_size,
+                           "subword": subword, "extra_args": list(generate_args)},
+            "generate_command": shlex.join(command),
+            **scores,
+            "result_file": str(out_json),
+        }
+        os.replace(staged_generate, generate_output)
+        os.replace(staged_hypotheses, Path(f"{stem}.hyp.txt"))
+    finally:
+        for staged in (staged_generate, staged_hypotheses):
+            if staged.exists():
+                staged.unlink()
     write_json(result, out_json)
     return result
 
@@ -336,13 +356,13 @@ def build_parser():
     parser.add_argument("checkpoint", nargs="?", help="checkpoint file or checkpoint directory")
     parser.add_argument("data", nargs="?", help="fairseq-preprocess output directory (data-bin)")
     parser.add_argument("--subset", default="test", help="split to translate (default: test)")
-    parser.add_argument("--last-n", type=int, help="average the last N epoch checkpoints of the directory")
+    parser.add_argument("--last-n", type=positive_int, help="average the last N epoch checkpoints of the directory")
     parser.add_argument("--update-based", action="store_true",
                         help="with --last-n: average checkpoint_E_U.pt (update) checkpoints instead of epochs")
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--lenpen", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--beam", type=int_at_least(1, 1000), default=5)
+    parser.add_argument("--lenpen", type=finite_float, default=1.0)
+    parser.add_argument("--max-tokens", type=positive_int, default=4096)
+    parser.add_argument("--batch-size", type=positive_int)
     parser.add_argument("--subword", choices=sorted(REMOVE_BPE),
                         help="how the data were segmented (removed with fairseq-generate --remove-bpe)")
     parser.add_argument("--detok-lang", help="Moses-detokenize with this language (when the data were tokenized)")
@@ -351,7 +371,7 @@ def build_parser():
     parser.add_argument("--reference", help="raw reference file for sacreBLEU (default: detokenized T lines)")
     parser.add_argument("--out-json", help="result file (default: <checkpoint dir>/eval-<subset>[-avgN].json)")
     parser.add_argument("--cpu", action="store_true", default=None, help="generate on CPU (default: CPU without CUDA)")
-    parser.add_argument("--generate-args", default="",
+    parser.add_argument("--generate-args", type=shell_words, default=[],
                         help="extra fairseq-generate arguments, one shell-quoted string, e.g. '--max-len-b 50'")
     lm = parser.add_argument_group("language models (a data directory with dict.txt): perplexity by fairseq-eval-lm")
     lm.add_argument("--tokens-per-sample", type=int, default=512, help="block length (fairseq's README: 512)")
@@ -359,6 +379,8 @@ def build_parser():
                     help="tokens of context kept for each scored token (fairseq's README: 400)")
     parser.add_argument("--from-generate-output", metavar="FILE",
                         help="only score an existing fairseq-generate output (no checkpoint/data needed)")
+    add_threads_flag(parser)
+    add_verbose_flag(parser)
     return parser
 
 
@@ -367,7 +389,7 @@ def is_language_model_data(data) -> bool:
     return (Path(data) / "dict.txt").is_file() and not any(Path(data).glob("dict.*.txt"))
 
 
-def evaluate_language_model_cli(args):
+def evaluate_language_model_cli(args, threads=None):
     from .language_models import evaluate_lm
 
     checkpoint = Path(args.checkpoint)
@@ -375,7 +397,7 @@ def evaluate_language_model_cli(args):
     out_json = args.out_json or checkpoint_dir / f"eval-lm-{args.subset}.json"
     result = evaluate_lm(checkpoint, args.data, subset=args.subset, tokens_per_sample=args.tokens_per_sample,
                          context_window=args.context_window, max_tokens=args.max_tokens, cpu=args.cpu,
-                         extra_args=shlex.split(args.generate_args), out_json=out_json)
+                         extra_args=args.generate_args, out_json=out_json, threads=threads)
     print(f"{args.subset} perplexity {result['perplexity']:.2f} (loss {result['loss_base2']:.4f} bits/token, "
           f"{result['tokens']} tokens, --tokens-per-sample {args.tokens_per_sample} "
           f"--context-window {args.context_window})")
@@ -385,6 +407,8 @@ def evaluate_language_model_cli(args):
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.out_json:
+        check_output_file(args.out_json, "--out-json")
     if args.from_generate_output:
         if args.checkpoint or args.data:
             raise UserError("--from-generate-output scores an existing output: give no checkpoint or data")
@@ -396,14 +420,16 @@ def main(argv=None):
     else:
         if not (args.checkpoint and args.data):
             raise UserError("give a checkpoint (file or directory) and a data directory, or --from-generate-output")
+        threads, source = resolve_threads(args.threads)
+        print(threads_note(threads, source), flush=True)
         if is_language_model_data(args.data):
-            return evaluate_language_model_cli(args)
+            return evaluate_language_model_cli(args, threads)
         result = evaluate_run(
             args.checkpoint, args.data, subset=args.subset, last_n=args.last_n, update_based=args.update_based,
             beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, batch_size=args.batch_size,
             subword=args.subword, detok_lang=args.detok_lang, compound_split=args.compound_split,
             reference=args.reference, out_json=args.out_json, cpu=args.cpu,
-            generate_args=shlex.split(args.generate_args),
+            generate_args=args.generate_args, threads=threads,
         )
     print(summary(result))
     if "result_file" in result:

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from . import train
+from . import configs, train
+from .argtypes import check_output_dir, positive_int
 from .errors import UserError, cli_main
+from .runtime import add_verbose_flag
 from .safe_checkpoints import read_checkpoint
 
 
@@ -118,13 +120,56 @@ class FinetuneRequest:
 def original_run(request: FinetuneRequest):
     """(config triple, original prepared directory) of the checkpoint's training."""
     record = train.read_run_record(Path(request.checkpoint).parent) or {}
-    config = request.config or ((record["dataset"], record["variant"], record["layers"]) if record else None)
+    config = request.config or ((record["dataset"], record["variant"], record["layers"],
+                                 record.get("decoder_layers") or record["layers"]) if record else None)
     if config is None:
         raise UserError(f"no run.json beside {request.checkpoint}: pass --train-config DATASET VARIANT LAYERS")
     vocab_from = request.vocab_from or (Path(record["data"]).parent if record else None)
     if vocab_from is None:
         raise UserError(f"no run.json beside {request.checkpoint}: pass --vocab-from ORIGINAL_PREPARED_DIR")
     return config, Path(vocab_from)
+
+
+# Model settings that must agree between a config and a checkpoint for the weights to load
+# (fairseq otherwise stops with "please ensure that the architectures match" and a traceback).
+MATCHED_SETTINGS = train.SIZE_FLAGS + ("encoder_normalize_before", "decoder_normalize_before")
+
+
+def checkpoint_model_settings(checkpoint: Path) -> dict:
+    """The model settings stored in a fairseq checkpoint (its cfg.model), as a dict."""
+    state = read_checkpoint(checkpoint)
+    model = (state.get("cfg") or {}).get("model") if isinstance(state.get("cfg"), dict) else None
+    if model is None and state.get("args") is not None:
+        model = state["args"]
+    if model is None:
+        raise UserError(f"{checkpoint} records no model settings (cfg.model): not a fairseq checkpoint")
+    values = vars(model) if hasattr(model, "__dict__") and not isinstance(model, dict) else dict(model)
+    values.setdefault("arch", values.get("_name"))
+    return values
+
+
+def model_class(arch: str):
+    """The model class an architecture name builds (presets of one model differ only in defaults)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return ARCH_MODEL_REGISTRY.get(arch, arch)
+
+
+def check_config_matches_checkpoint(checkpoint: Path, settings: dict, extra_args=()) -> None:
+    """A one-line UserError when the training config would build another model than the checkpoint's."""
+    wanted = train.effective_model(settings, extra_args)
+    for key, value in settings["model"].items():
+        wanted.setdefault(key, value)
+    stored = checkpoint_model_settings(checkpoint)
+    differences = []
+    if wanted.get("arch") and stored.get("arch") and model_class(wanted["arch"]) is not model_class(stored["arch"]):
+        differences.append(f"arch {stored['arch']} vs {wanted['arch']}")
+    for key in MATCHED_SETTINGS:
+        if key in stored and wanted.get(key) is not None and str(stored[key]) != str(wanted[key]):
+            differences.append(f"{key} {stored[key]} vs {wanted[key]}")
+    if differences:
+        raise UserError(f"the training config does not match {checkpoint} (checkpoint vs config: "
+                        f"{', '.join(differences)}): pass the --train-config it was trained with")
 
 
 def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary, rows: Optional[dict] = None) -> Path:
@@ -147,15 +192,22 @@ def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan
     """Prepare the new pair (also in a dry run: training needs its dictionaries) and train."""
     if not Path(request.checkpoint).is_file():
         raise UserError(f"checkpoint not found: {request.checkpoint}")
+    check_output_dir(request.save_dir, "--save-dir")
+    check_output_dir(request.data_out, "--data-out")
     rows = embedding_rows(Path(request.checkpoint))  # checks the checkpoint before anything is written
-    (dataset, variant, layers), vocab_from = original_run(request)
+    config, vocab_from = original_run(request)
+    dataset, variant, layers = config[:3]
+    decoder_layers = int(config[3]) if len(config) > 3 else int(layers)
+    configs.check_choice(dataset, variant, int(layers), shipped_only=False)
+    settings = configs.load(dataset, variant, int(layers), decoder_layers=decoder_layers)
+    check_config_matches_checkpoint(Path(request.checkpoint), settings, request.extra_args)
     vocabulary = OriginalVocabulary.from_prepared(vocab_from)
     print(f"fine-tuning {variant} {layers}L ({dataset} config) on {request.dataset} "
           f"{request.source_lang}->{request.target_lang} with the vocabulary of {vocab_from}", flush=True)
     bin_dir = prepare_new_pair(request, vocabulary, rows)
     train_request = train.TrainRequest(
         dataset, variant, int(layers), bin_dir, Path(request.save_dir), nprocs=request.nprocs,
-        source_lang=request.source_lang, target_lang=request.target_lang,
+        source_lang=request.source_lang, target_lang=request.target_lang, decoder_layers=decoder_layers,
         extra_args=["--finetune-from-model", str(Path(request.checkpoint).resolve())] + list(request.extra_args),
     )
     return train.train(train_request, dry_run=dry_run)
@@ -180,8 +232,9 @@ def build_parser():
     for split in ("train", "valid", "test"):
         parser.add_argument(f"--{split}", nargs="+", default=[], metavar="FILE",
                             help=f"--dataset custom: {split} data as SRC_FILE TGT_FILE or one TSV")
-    parser.add_argument("--nprocs", type=int, default=1)
+    parser.add_argument("--nprocs", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="prepare the data, print the training command")
+    add_verbose_flag(parser)
     return parser
 
 
@@ -192,8 +245,8 @@ def main(argv=None):
     config = None
     if args.train_config:
         dataset, variant, layers = args.train_config
-        if not layers.isdigit():
-            raise UserError(f"--train-config LAYERS must be a number, got {layers!r}")
+        if not layers.isdigit() or int(layers) < 1:
+            raise UserError(f"--train-config LAYERS must be a positive number, got {layers!r}")
         config = (dataset, variant, int(layers))
     corpus = {split: getattr(args, split) for split in ("train", "valid", "test") if getattr(args, split)}
     request = FinetuneRequest(args.checkpoint, args.dataset, args.source_lang, args.target_lang, args.data_out,

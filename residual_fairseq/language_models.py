@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence, Union
 from . import USER_DIR
 from .atomic import write_text_atomically
 from .errors import UserError
+from .runtime import thread_environment
 from .safe_checkpoints import verify_checkpoint_file
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
@@ -76,8 +77,13 @@ def parse_eval_lm_output(text: str) -> dict:
 
 
 def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, context_window=400,
-                max_tokens=4096, cpu=None, extra_args=(), out_json=None) -> dict:
-    """Perplexity of ``subset`` under a language-model checkpoint (file, or directory: its checkpoint_best.pt)."""
+                max_tokens=4096, cpu=None, extra_args=(), out_json=None, threads=None) -> dict:
+    """Perplexity of ``subset`` under a language-model checkpoint (file, or directory: its checkpoint_best.pt).
+
+    ``threads``: CPU threads of fairseq-eval-lm (default: the inherited environment).
+    """
+    from .evaluate import unsplittable_path
+
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
@@ -87,10 +93,12 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
         raise UserError(f"{data_bin} holds no language-model dictionary (dict.txt): pass the prepared bin/ directory")
     if not (data_bin / f"{subset}.bin").is_file():
         raise UserError(f"{data_bin} has no binarized {subset!r} split ({subset}.bin)")
-    command = eval_lm_command(checkpoint, data_bin, subset, tokens_per_sample, context_window, max_tokens, cpu,
-                              extra_args)
-    print("+ " + shlex.join(command), flush=True)
-    process = subprocess.run(command, capture_output=True, text=True)
+    with unsplittable_path(checkpoint) as path:  # fairseq would split a ':' in it into an ensemble
+        command = eval_lm_command(path, data_bin, subset, tokens_per_sample, context_window, max_tokens, cpu,
+                                  extra_args)
+        print("+ " + shlex.join(command), flush=True)
+        env = thread_environment(threads) if threads else None
+        process = subprocess.run(command, capture_output=True, text=True, env=env)
     if process.returncode != 0:
         last = (process.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"fairseq-eval-lm failed (exit {process.returncode}): {last}")

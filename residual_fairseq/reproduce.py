@@ -29,11 +29,14 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
+from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import atomic_output, write_text_atomically
 from .errors import UserError, cli_main
+from .runtime import add_threads_flag, add_verbose_flag
 from .variants import VARIANTS
 
 RESULT_NAME = "result.json"
+FAILURE_NAME = "failed.json"   # a run that failed: its error, shown in the table; removed by a later success
 METRICS = (  # (column, label in the markdown table)
     ("test_bleu", "test sacreBLEU"),
     ("test_chrf", "test chrF"),
@@ -71,25 +74,52 @@ class Run:
     def finished(self) -> bool:
         return self.result_path.is_file()
 
+    @property
+    def failure_path(self) -> Path:
+        return self.save_dir / FAILURE_NAME
+
+    @property
+    def failure(self) -> Optional[str]:
+        """The error of this run's last attempt, when it failed."""
+        if self.finished or not self.failure_path.is_file():
+            return None
+        try:
+            return json.loads(self.failure_path.read_text(encoding="utf-8")).get("error", "failed")
+        except (ValueError, UnicodeDecodeError):
+            return "failed"
+
 
 def matrix(data: dict, out: Path, variants=VARIANTS, layers=None, seeds=(1,)) -> List[Run]:
     """Every run of the matrix; ``data`` maps each dataset to its fairseq data directory.
 
-    ``layers`` None means each dataset's shipped depths; otherwise depths a dataset
-    does not ship are an error.
+    ``layers`` None means each dataset's shipped depths; any other depth is composed
+    from the dataset's base.yaml (as ``residual-fairseq-train --layers`` does).
     """
     runs = []
     for dataset, data_dir in data.items():
         for depth in (layers or configs.DATASETS[dataset].depths):
             for variant in variants:
-                configs.check_choice(dataset, variant, depth)
+                configs.check_choice(dataset, variant, depth, shipped_only=False)
                 runs += [Run(dataset, variant, depth, seed, Path(data_dir), Path(out)) for seed in seeds]
     return runs
 
 
-def train_request(run: Run, nprocs: int = 1, extra_args=()) -> train.TrainRequest:
+def train_request(run: Run, nprocs: int = 1, extra_args=(), threads=None) -> train.TrainRequest:
     return train.TrainRequest(run.dataset, run.variant, run.layers, run.data, run.save_dir, seed=run.seed,
-                              nprocs=nprocs, extra_args=list(extra_args))
+                              nprocs=nprocs, extra_args=list(extra_args), threads=threads)
+
+
+def checkpoint_to_evaluate(run: Run) -> Path:
+    """checkpoint_best.pt, else (a run trained without validation has none) checkpoint_last.pt, saying so."""
+    best = run.save_dir / "checkpoint_best.pt"
+    if best.is_file():
+        return best
+    last = run.save_dir / "checkpoint_last.pt"
+    if last.is_file():
+        print(f"note: {run.save_dir} has no checkpoint_best.pt (trained without validation?): "
+              f"evaluating checkpoint_last.pt", flush=True)
+        return last
+    raise UserError(f"{run.save_dir} holds neither checkpoint_best.pt nor checkpoint_last.pt")
 
 
 def evaluation_options(run: Run) -> dict:
@@ -111,7 +141,8 @@ def evaluation_options(run: Run) -> dict:
     return options
 
 
-def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_run: bool = False) -> Optional[dict]:
+def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_run: bool = False,
+            threads=None) -> Optional[dict]:
     """Train (or resume) and evaluate one run; returns its result (None in a dry run).
 
     ``eval_overrides`` are evaluate_run keyword arguments that win over the dataset's.
@@ -121,9 +152,9 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
         print(f"skip {label}: finished ({run.result_path})", flush=True)
         return json.loads(run.result_path.read_text(encoding="utf-8"))
     print(f"=== {label} -> {run.save_dir}", flush=True)
-    train.train(train_request(run, nprocs, extra_args), dry_run=dry_run)
+    train.train(train_request(run, nprocs, extra_args, threads), dry_run=dry_run)
     if is_language_model(run.dataset):
-        return evaluate_language_model(run, eval_overrides, dry_run)
+        return evaluate_language_model(run, eval_overrides, dry_run, threads)
     options = {**evaluation_options(run), **(eval_overrides or {})}
     if dry_run:
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items())
@@ -131,7 +162,8 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
         return None
     from .evaluate import evaluate_run
 
-    return evaluate_run(run.save_dir, run.data, out_json=run.result_path, **options)
+    return evaluate_run(checkpoint_to_evaluate(run), run.data, out_json=run.result_path, threads=threads,
+                        **options)
 
 
 def is_language_model(dataset: str) -> bool:
@@ -142,18 +174,18 @@ def metrics_for(dataset: str):
     return LM_METRICS if is_language_model(dataset) else METRICS
 
 
-def evaluate_language_model(run: Run, eval_overrides=None, dry_run: bool = False) -> Optional[dict]:
+def evaluate_language_model(run: Run, eval_overrides=None, dry_run: bool = False, threads=None) -> Optional[dict]:
     """Test perplexity with fairseq-eval-lm and the dataset's context-window settings."""
     from .language_models import eval_lm_command, evaluate_lm
 
     options = {**configs.DATASETS[run.dataset].evaluation, **(eval_overrides or {})}
     options = {key: value for key, value in options.items() if key in ("tokens_per_sample", "context_window",
                                                                        "max_tokens", "extra_args")}
-    checkpoint = run.save_dir / "checkpoint_best.pt"
     if dry_run:
+        checkpoint = run.save_dir / "checkpoint_best.pt"
         print("would evaluate: " + shlex.join(eval_lm_command(checkpoint, run.data, **options)), flush=True)
         return None
-    return evaluate_lm(checkpoint, run.data, out_json=run.result_path, **options)
+    return evaluate_lm(checkpoint_to_evaluate(run), run.data, out_json=run.result_path, threads=threads, **options)
 
 
 # --- collecting ----------------------------------------------------------------------------
@@ -203,16 +235,18 @@ def mean_std(values):
 
 
 def summarize(runs: List[Run]) -> List[dict]:
-    """One row per (dataset, variant, layers) over the finished seeds."""
+    """One row per (dataset, variant, layers) over the finished seeds; failed seeds are named in ``failed``."""
     groups = {}
     for run in runs:
-        if run.finished:
+        if run.finished or run.failure:
             groups.setdefault((run.dataset, run.variant, run.layers), []).append(run)
     rows = []
     for (dataset, variant, layers), members in groups.items():
-        metrics = [run_metrics(run) for run in members]
+        finished = [run for run in members if run.finished]
+        metrics = [run_metrics(run) for run in finished]
         row = {"dataset": dataset, "variant": variant, "layers": layers,
-               "seeds": " ".join(str(run.seed) for run in members)}
+               "seeds": " ".join(str(run.seed) for run in finished),
+               "failed": "; ".join(f"seed {run.seed}: {run.failure}" for run in members if not run.finished)}
         for column, _ in metrics_for(dataset):
             row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
         rows.append(row)
@@ -226,18 +260,20 @@ def _cell(mean, std):
 
 
 def markdown_table(rows: List[dict], metrics=METRICS) -> str:
-    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics]
+    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics] + ["failed"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"]]
+        cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"] or "-"]
         cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
+        cells.append(row.get("failed", "").replace("|", "/") or "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def csv_table(rows: List[dict], metrics=METRICS) -> str:
     buffer = io.StringIO()
-    fields = ["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
+    fields = (["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
+              + ["failed"])
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
@@ -304,10 +340,26 @@ def write_reports(runs: List[Run], out: Path) -> dict:
 
 
 def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_overrides=None,
-              dry_run: bool = False):
-    """Run (or skip) every run, then write the reports; returns the report paths (None if dry)."""
+              dry_run: bool = False, threads=None):
+    """Run (or skip) every run, then write the reports; returns the report paths (None if dry).
+
+    A run that fails (its training or evaluation raised a UserError) is recorded in its
+    ``failed.json`` and reported in the table; the other runs go on. Raises UserError
+    at the end when any run failed.
+    """
+    failed = []
     for run in runs:
-        run_one(run, nprocs, extra_args, eval_overrides, dry_run)
+        try:
+            run_one(run, nprocs, extra_args, eval_overrides, dry_run, threads)
+        except UserError as err:
+            if dry_run:
+                raise
+            print(f"error: {run.dataset} {run.variant} {run.layers}L seed {run.seed} failed: {err}", flush=True)
+            write_text_atomically(run.failure_path, json.dumps({"error": str(err)}) + "\n")
+            failed.append(run)
+        else:
+            if run.failure_path.is_file():
+                run.failure_path.unlink()
     if dry_run:
         return None
     paths = write_reports(runs, out)
@@ -315,6 +367,8 @@ def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_o
         if key in paths:
             print(Path(paths[key]).read_text(encoding="utf-8"), end="")
     print("wrote " + ", ".join(str(path) for path in paths.values()), flush=True)
+    if failed:
+        raise UserError(f"{len(failed)} of {len(runs)} runs failed (see the 'failed' column of {paths['markdown']})")
     return paths
 
 
@@ -348,13 +402,16 @@ def build_parser():
     parser.add_argument("--data", nargs="+", required=True, metavar="[DATASET=]DIR",
                         help="fairseq data directory (the prepared bin/) of each dataset")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--layers", nargs="+", type=int, help="depths (default: each dataset's shipped depths)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    parser.add_argument("--layers", nargs="+", type=int_at_least(1, configs.MAX_LAYERS),
+                        help="depths, any (default: each dataset's shipped depths)")
+    parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1])
     parser.add_argument("--out", required=True, help="runs and reports go here")
-    parser.add_argument("--nprocs", type=int, default=1, help="processes per training (see residual-fairseq-train)")
-    parser.add_argument("--beam", type=int, help="test-set beam size (default: the dataset's)")
-    parser.add_argument("--generate-args", default="",
+    parser.add_argument("--nprocs", type=positive_int, default=1, help="processes per training (see residual-fairseq-train)")
+    parser.add_argument("--beam", type=int_at_least(1, 1000), help="test-set beam size (default: the dataset's)")
+    parser.add_argument("--generate-args", type=shell_words, default=[],
                         help='extra fairseq-generate flags for the test set, e.g. "--max-len-b 50"')
+    add_threads_flag(parser)
+    add_verbose_flag(parser)
     parser.add_argument("--report-only", action="store_true", help="only (re)write the tables and plot")
     parser.add_argument("--dry-run", action="store_true", help="print every command without running")
     return parser
@@ -364,6 +421,14 @@ def build_parser():
 def main(argv=None):
     ours, passthrough = train.split_passthrough(argv)
     args = build_parser().parse_args(ours)
+    check_output_dir(args.out, "--out")
+    train.check_extra_args(passthrough)
+    depth_flags = [word for word in passthrough if word.split("=")[0] in ("--encoder-layers", "--decoder-layers")]
+    if depth_flags:
+        raise UserError(f"{depth_flags[0]} after --: give depths with --layers, so that run names and "
+                        f"tables show them")
+    args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
+    args.seeds = sorted(set(args.seeds), key=args.seeds.index)
     data = parse_data(args.data, args.dataset)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
@@ -372,10 +437,10 @@ def main(argv=None):
         paths = write_reports(runs, Path(args.out))
         print("wrote " + ", ".join(str(path) for path in paths.values()))
         return
-    eval_overrides = {"generate_args": shlex.split(args.generate_args)} if args.generate_args else {}
+    eval_overrides = {"generate_args": args.generate_args} if args.generate_args else {}
     if args.beam:
         eval_overrides["beam"] = args.beam
-    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run)
+    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run, args.threads)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ import contextlib
 import ctypes
 import fcntl
 import json
+import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -40,7 +42,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import USER_DIR, configs
+from .argtypes import check_output_dir, int_at_least, positive_int
 from .errors import UserError, cli_main
+from .runtime import add_threads_flag, add_verbose_flag, resolve_threads, thread_environment, threads_note
 from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
 from .variants import VARIANTS
 
@@ -58,9 +62,12 @@ class TrainRequest:
     seed: Optional[int] = None
     nprocs: int = 1
     cpu: Optional[bool] = None           # None: CPU exactly when CUDA is missing
-    source_lang: Optional[str] = None    # override the config's language pair
+    source_lang: Optional[str] = None    # default: the config's pair if the data hold it, else the data's
     target_lang: Optional[str] = None
     extra_args: List[str] = field(default_factory=list)  # appended fairseq-train flags
+    decoder_layers: Optional[int] = None  # default: ``layers``
+    threads: Optional[int] = None        # CPU threads per process (default: runtime.default_threads)
+    progress: Optional[bool] = None      # progress bar; default: when stdout is a terminal
 
 
 @dataclass
@@ -68,6 +75,8 @@ class TrainPlan:
     commands: List[List[str]]            # one per process to start
     notes: List[str]                     # what was adapted, said before running
     settings: dict                       # the composed config
+    model: dict = field(default_factory=dict)  # the model sizes the run really has (extra flags included)
+    threads: int = 1                     # CPU threads per process
 
     def describe(self) -> str:
         return "\n".join(shlex.join(command) for command in self.commands)
@@ -96,7 +105,8 @@ def plan(request: TrainRequest) -> TrainPlan:
         raise UserError(f"{data} holds no fairseq dictionaries (dict.*.txt): pass the prepared bin/ directory")
     if request.nprocs < 1:
         raise UserError(f"--nprocs must be at least 1, got {request.nprocs}")
-    save_dir = Path(request.save_dir)
+    save_dir = check_output_dir(request.save_dir, "--save-dir")
+    check_extra_args(request.extra_args)
     overrides = {
         "task": {"data": str(data)},
         "common": {"user_dir": USER_DIR},
@@ -104,11 +114,18 @@ def plan(request: TrainRequest) -> TrainPlan:
     }
     if request.seed is not None:
         overrides["common"]["seed"] = request.seed
-    if request.source_lang or request.target_lang:
-        overrides["task"].update(source_lang=request.source_lang, target_lang=request.target_lang)
-    settings = configs.load(request.dataset, request.variant, request.layers, overrides)
+    settings = configs.load(request.dataset, request.variant, request.layers, overrides,
+                            decoder_layers=request.decoder_layers)
 
     notes = []
+    configured = (settings["task"].get("source_lang"), settings["task"].get("target_lang"))
+    source_lang, target_lang = language_pair(data, request.source_lang, request.target_lang, configured)
+    if None not in configured and (source_lang, target_lang) != configured and not request.source_lang:
+        notes.append(f"the {request.dataset} config is {configured[0]}-{configured[1]}; "
+                     f"{data} holds {source_lang}-{target_lang}: training {source_lang}->{target_lang}")
+    settings["task"].update(source_lang=source_lang, target_lang=target_lang)
+    threads, threads_source = resolve_threads(request.threads)
+    notes.append(threads_note(threads, threads_source)[len("note: "):])
     cpu = (not cuda_available()) if request.cpu is None else request.cpu
     if cpu:
         settings["common"]["cpu"] = True
@@ -137,16 +154,110 @@ def plan(request: TrainRequest) -> TrainPlan:
         ]
         commands = [shared + ["--distributed-rank", str(rank)] for rank in range(request.nprocs)]
         notes.append(f"{request.nprocs} CPU processes: gloo ranks started by hand, legacy_ddp")
-    return TrainPlan(commands, notes, settings)
+    return TrainPlan(commands, notes, settings, effective_model(settings, request.extra_args), threads)
+
+
+# --- languages, sizes and names -----------------------------------------------------------
+
+_BINARY_PAIR = re.compile(r"^train\d*\.([^.\-]+)-([^.\-]+)\.[^.]+\.(bin|idx)$")
+
+
+def data_language_pairs(data) -> list:
+    """The (source, target) pairs of a fairseq data directory's train files, as binarized."""
+    return sorted({match.groups()[:2] for match in map(_BINARY_PAIR.match, os.listdir(data)) if match})
+
+
+def language_pair(data, source_lang=None, target_lang=None, configured=(None, None)):
+    """The (source, target) to train: -s/-t if given, else the config's pair when the data
+    hold it, else the data's one pair. Either direction of a binarized pair is trainable."""
+    binarized = data_language_pairs(data)
+    if not binarized:
+        raise UserError(f"{data} holds no training data (train.SRC-TGT.LANG.bin): pass the prepared bin/ directory")
+    directions = binarized + [(tgt, src) for src, tgt in binarized if (tgt, src) not in binarized]
+    shown = ", ".join(f"{src}-{tgt}" for src, tgt in binarized)
+    if source_lang or target_lang:
+        matching = [(src, tgt) for src, tgt in directions
+                    if source_lang in (None, src) and target_lang in (None, tgt)]
+        if len(matching) != 1:
+            asked = f"{source_lang or '?'}->{target_lang or '?'}"
+            raise UserError(f"-s/-t {asked}: {data} holds {shown}" + ("" if matching else " (no such pair)"))
+        return matching[0]
+    if None not in configured and tuple(configured) in directions:
+        return tuple(configured)
+    if len(binarized) == 1:
+        return binarized[0]
+    raise UserError(f"{data} holds several language pairs ({shown}): choose one with -s/-t")
+
+
+# fairseq-train flags that change the model's size, and their config keys.
+SIZE_FLAGS = ("encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim",
+              "encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "encoder_attention_heads", "decoder_attention_heads")
+
+
+def effective_model(settings: dict, extra_args=()) -> dict:
+    """The model's sizes as fairseq-train will build them: the config, then any later flag."""
+    model = {key: settings["model"].get(key) for key in SIZE_FLAGS}
+    model["arch"] = settings["model"].get("_name")
+    extra = list(extra_args)
+    for index, word in enumerate(extra):
+        name, equals, value = word.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else None
+        if key == "arch" or key in SIZE_FLAGS:
+            value = value if equals else (extra[index + 1] if index + 1 < len(extra) else None)
+            if value is not None:
+                model[key] = value if key == "arch" else _int_or_text(value)
+    return model
+
+
+def _int_or_text(value):
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def run_name(variant: str, model: dict) -> str:
+    """``<variant>-<L>l``, or ``<variant>-<E>+<D>l`` when the encoder and decoder depths differ."""
+    encoder, decoder = model.get("encoder_layers"), model.get("decoder_layers")
+    return f"{variant}-{encoder}l" if encoder == decoder else f"{variant}-{encoder}+{decoder}l"
+
+
+# Passthrough flags that must be finite positive numbers: fairseq would train a model of NaNs.
+POSITIVE_FLAGS = ("--dual-scale-encoder", "--dual-scale-decoder", "--lr", "--max-tokens")
+
+
+def check_extra_args(extra_args) -> None:
+    """Refuse passthrough values that cannot be meant, before fairseq starts (it would fail late)."""
+    extra = list(extra_args)
+    for index, word in enumerate(extra):
+        name, equals, value = word.partition("=")
+        if name not in POSITIVE_FLAGS:
+            continue
+        value = value if equals else (extra[index + 1] if index + 1 < len(extra) else "")
+        for item in value.split(","):
+            try:
+                number = float(item)
+            except ValueError:
+                raise UserError(f"{name} {value!r}: expected a number") from None
+            if not math.isfinite(number) or number <= 0:
+                raise UserError(f"{name} must be a finite positive number, got {item}")
 
 
 def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:
     """``SAVE_DIR/run.json``: which config trained this directory, and how."""
     save_dir = Path(request.save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
+    task = train_plan.settings["task"]
+    model = train_plan.model or effective_model(train_plan.settings, request.extra_args)
     record = {
-        "dataset": request.dataset, "variant": request.variant, "layers": request.layers,
+        "name": run_name(request.variant, model),
+        "dataset": request.dataset, "variant": request.variant,
+        # "layers": the encoder depth, as before (fine-tuning reads it); the real sizes are in "model".
+        "layers": model.get("encoder_layers", request.layers),
+        "encoder_layers": model.get("encoder_layers"), "decoder_layers": model.get("decoder_layers"),
+        "model": model, "source_lang": task.get("source_lang"), "target_lang": task.get("target_lang"),
         "seed": train_plan.settings["common"].get("seed"), "data": str(Path(request.data).resolve()),
+        "threads": train_plan.threads,
         "extra_args": list(request.extra_args), "commands": [shlex.join(c) for c in train_plan.commands],
     }
     path = save_dir / RUN_RECORD_NAME
@@ -163,15 +274,96 @@ def read_run_record(save_dir) -> Optional[dict]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _copy_output(process, log_path: Path, to_console: bool):
-    """Append a process's output to ``log_path`` (and echo it), line by line."""
+_STATS_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
+_BATCHES_LINE = re.compile(r"grouped total_num_itrs = (\d+)")
+_ERROR_LINE = re.compile(r"^(\S+: )?error: ")  # argparse's and the plugin's one-line errors
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (\w+) \|")
+
+
+class ProgressDisplay:
+    """A tqdm bar (updates, loss, ETA) fed with fairseq's JSON log lines, for a terminal.
+
+    The full output still goes to train.log; on the terminal, INFO records (the config,
+    the model) and Python's deprecation warnings give way to the bar, validation and
+    epoch results are printed as one line each, and fairseq's WARNING/ERROR records and
+    any traceback are shown as they come.
+    """
+
+    def __init__(self, max_update=0, max_epoch=0, stream=None):
+        from tqdm import tqdm
+
+        self.max_update, self.max_epoch = max_update or 0, max_epoch or 0
+        self.stream = stream or sys.stdout
+        self.bar = tqdm(total=self.max_update or None, unit="upd", dynamic_ncols=True, file=self.stream,
+                        desc="training")
+        self._showing = False        # inside a WARNING/ERROR record (its continuation lines too)
+        self._in_traceback = False   # from "Traceback" on, everything is shown
+
+    def feed(self, line: str) -> None:
+        stats = _STATS_LINE.search(line)
+        if stats:
+            kind, values = stats.group(1), json.loads(stats.group(2))
+            if kind == "train_inner":
+                self.bar.update(max(0, int(float(values.get("num_updates", self.bar.n))) - self.bar.n))
+                self.bar.set_postfix(epoch=values.get("epoch"), loss=values.get("loss"), lr=values.get("lr"))
+            elif kind == "valid":
+                shown = {key[len("valid_"):]: values[key] for key in ("valid_loss", "valid_bleu", "valid_best_loss",
+                                                                        "valid_best_bleu") if key in values}
+                self.write(f"epoch {values.get('epoch')} update {values.get('valid_num_updates')}: valid "
+                           + ", ".join(f"{key} {value}" for key, value in shown.items()))
+            else:
+                self.write(f"epoch {values.get('epoch')} done: train loss {values.get('train_loss')}, "
+                           f"{values.get('train_wps')} words/s")
+            return
+        batches = _BATCHES_LINE.search(line)
+        if batches:
+            if not self.max_update and self.max_epoch:
+                self.bar.total = int(batches.group(1)) * self.max_epoch
+                self.bar.refresh()
+            return
+        level = _LOG_LINE.match(line)
+        if level:  # a new log record: shown when it is a warning or an error
+            self._showing = level.group(1) in ("WARNING", "ERROR", "CRITICAL")
+        elif line.startswith("Traceback"):
+            self._showing = self._in_traceback = True
+        if (self._showing or self._in_traceback or _ERROR_LINE.match(line)) and line.strip():
+            self.write(line.rstrip("\n"))
+
+    def write(self, text: str) -> None:
+        """A line above the bar."""
+        self.bar.write(text, file=self.stream)
+
+    def close(self):
+        self.bar.close()
+
+
+def _copy_output(process, log_path: Path, to_console: bool, progress: Optional[ProgressDisplay] = None):
+    """Append a process's output to ``log_path`` (and echo it, or feed it to a progress bar), line by line."""
     with open(log_path, "a", encoding="utf-8") as log:
         for line in process.stdout:
             log.write(line)
             log.flush()
-            if to_console:
+            if progress is not None:
+                progress.feed(line)
+            elif to_console:
                 sys.stdout.write(line)
                 sys.stdout.flush()
+
+
+def _setting(train_plan: TrainPlan, group: str, key: str, extra_args=()):
+    """A config value, a later ``--key value`` passthrough flag winning."""
+    value = train_plan.settings.get(group, {}).get(key)
+    flag = "--" + key.replace("_", "-")
+    extra = list(extra_args)
+    for index, word in enumerate(extra):
+        if word == flag and index + 1 < len(extra):
+            value = extra[index + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    try:
+        return int(float(value)) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 LOCK_NAME = ".residual-fairseq-train.lock"
@@ -246,15 +438,25 @@ def _forwarding_stop_signals(processes):
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None) -> int:
+def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None, progress: Optional[bool] = None,
+            extra_args=()) -> int:
     """Run the plan's processes (all at once) and return the first non-zero status, else 0.
 
     Rank 0's output goes to the console and ``SAVE_DIR/train.log``; rank R's to
-    ``SAVE_DIR/train.rankR.log``. Each process runs in its own process group and dies
+    ``SAVE_DIR/train.rankR.log``. ``progress`` (default: stdout is a terminal) shows a
+    progress bar on the console instead of rank 0's log lines. Each process runs in its own process group and dies
     with the driver: SIGTERM/SIGINT are forwarded to the groups (the driver then ends
     by the same signal), and a driver killed outright takes them with it
     (``PR_SET_PDEATHSIG``). ``lock_fd`` (the save dir's lock) is inherited by the children.
     """
+    if progress is None:
+        progress = sys.stdout.isatty()
+    display = None
+    if progress:
+        display = ProgressDisplay(_setting(train_plan, "optimization", "max_update", extra_args),
+                                  _setting(train_plan, "optimization", "max_epoch", extra_args))
+        display.write(f"progress bar below; fairseq's full log: {save_dir / LOG_NAME}")
+    env = thread_environment(train_plan.threads)
     processes, copiers, failed = [], [], []
     with _forwarding_stop_signals(processes) as received:
         try:
@@ -262,12 +464,13 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
                 processes.append(subprocess.Popen(
                     command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                     start_new_session=True, preexec_fn=_die_with_the_driver(),
-                    pass_fds=() if lock_fd is None else (lock_fd,),
+                    pass_fds=() if lock_fd is None else (lock_fd,), env=env,
                 ))
             # Threads start after the forks: preexec_fn is only safe without other threads.
             for rank, process in enumerate(processes):
                 log_path = save_dir / (LOG_NAME if rank == 0 else f"train.rank{rank}.log")
-                copier = threading.Thread(target=_copy_output, args=(process, log_path, rank == 0), daemon=True)
+                copier = threading.Thread(target=_copy_output, args=(process, log_path, rank == 0,
+                                                                     display if rank == 0 else None), daemon=True)
                 copier.start()
                 copiers.append(copier)
             stop_deadline = None
@@ -290,6 +493,8 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
                 process.wait()
             for copier in copiers:
                 copier.join(timeout=10)
+            if display is not None:
+                display.close()
     if received:
         signal.raise_signal(received[0])  # die as the signal asked (SIGINT: KeyboardInterrupt)
     return failed[0] if failed else 0
@@ -337,7 +542,7 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
         if note:
             print(f"note: {note}", flush=True)
         write_run_record(request, train_plan)
-        returncode = execute(train_plan, Path(request.save_dir), lock_fd)
+        returncode = execute(train_plan, Path(request.save_dir), lock_fd, request.progress, request.extra_args)
     if returncode != 0:
         raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")
     return train_plan
@@ -361,25 +566,49 @@ def build_parser():
     )
     parser.add_argument("--dataset", required=True, choices=list(configs.DATASETS), help="config family")
     parser.add_argument("--variant", required=True, choices=VARIANTS, help="residual scheme")
-    parser.add_argument("--layers", type=int, required=True,
-                        help="encoder and decoder depth (one of the dataset's shipped depths)")
+    depth = int_at_least(1, configs.MAX_LAYERS)
+    parser.add_argument("--layers", type=depth,
+                        help="encoder and decoder depth: any depth, the dataset's base.yaml gives the rest "
+                             "(its shipped depths are the per-run yaml files)")
+    parser.add_argument("--encoder-layers", type=depth, help="encoder depth (default: --layers)")
+    parser.add_argument("--decoder-layers", type=depth, help="decoder depth (default: --layers)")
     parser.add_argument("--data", required=True, help="fairseq data directory (the prepared bin/)")
+    parser.add_argument("--source-lang", "-s", help="source language (default: the config's pair if the data "
+                                                     "hold it, else the data's pair)")
+    parser.add_argument("--target-lang", "-t", help="target language")
     parser.add_argument("--save-dir", required=True, help="checkpoints, train.log and run.json go here")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--nprocs", type=int, default=1,
+    parser.add_argument("--seed", type=int_at_least(0), help="override the config's seed")
+    parser.add_argument("--nprocs", type=positive_int, default=1,
                         help="processes: GPUs (fairseq spawns them) or, without CUDA, CPU ranks over gloo")
     parser.add_argument("--cpu", action="store_true", default=None,
                         help="train on CPU even when CUDA is available (default: CPU only without CUDA)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar instead of log lines on the console (default: on a terminal)")
+    add_threads_flag(parser)
+    add_verbose_flag(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the fairseq command(s) and exit")
     return parser
+
+
+def depths(args, parser):
+    """(encoder layers, decoder layers) from --layers / --encoder-layers / --decoder-layers."""
+    encoder = args.encoder_layers or args.layers
+    decoder = args.decoder_layers or args.layers
+    if encoder is None or decoder is None:
+        parser.error("give --layers N (or both --encoder-layers and --decoder-layers)")
+    return encoder, decoder
 
 
 @cli_main
 def main(argv=None):
     ours, passthrough = split_passthrough(argv)
-    args = build_parser().parse_args(ours)
-    request = TrainRequest(args.dataset, args.variant, args.layers, Path(args.data), Path(args.save_dir),
-                           seed=args.seed, nprocs=args.nprocs, cpu=args.cpu, extra_args=passthrough)
+    parser = build_parser()
+    args = parser.parse_args(ours)
+    encoder_layers, decoder_layers = depths(args, parser)
+    request = TrainRequest(args.dataset, args.variant, encoder_layers, Path(args.data), Path(args.save_dir),
+                           seed=args.seed, nprocs=args.nprocs, cpu=args.cpu, extra_args=passthrough,
+                           source_lang=args.source_lang, target_lang=args.target_lang,
+                           decoder_layers=decoder_layers, threads=args.threads, progress=args.progress)
     train(request, dry_run=args.dry_run)
 
 

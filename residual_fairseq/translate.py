@@ -25,7 +25,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from .argtypes import finite_float, int_at_least, positive_int, read_user_lines, decode_user_text, split_lines
 from .errors import UserError, cli_main
+from .runtime import add_threads_flag, add_verbose_flag, use_threads
 from .safe_checkpoints import WeightsMismatchError, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
@@ -66,6 +68,8 @@ class Translator:
         """
         if isinstance(sentences, str):
             return self.translate([sentences], beam=beam, **generation_options)[0]
+        if not isinstance(beam, int) or beam < 1:
+            raise UserError(f"beam must be a positive integer, got {beam!r}")
         sentences = list(sentences)
         todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         tokens = [self.hub.encode(sentences[i]) for i in todo]
@@ -134,6 +138,10 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         option, path = subword_files[bpe]
         if not path or not Path(path).is_file():
             raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
+        from .data.subword import check_model_file
+
+        # A garbage codes/model file: one line, not subword-nmt's or sentencepiece's traceback.
+        check_model_file(path, "spm" if bpe == "sentencepiece" else "bpe")
         overrides[option] = str(Path(path).resolve())
     hub = load_hub(checkpoint, data, state=state, bpe=bpe, tokenizer=tokenizer, **overrides)
     if cpu is None:
@@ -175,20 +183,28 @@ def build_parser():
     parser.add_argument("--sentencepiece-model", help="sentencepiece .model file")
     parser.add_argument("--tokenizer", choices=["moses", "none"], default="none",
                         help="moses when the training data were Moses-tokenized")
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--lenpen", type=float, default=1.0)
-    parser.add_argument("--batch-lines", type=int, default=64, help="lines translated per batch (default: 64)")
+    parser.add_argument("--beam", type=int_at_least(1, MAX_BEAM), default=5)
+    parser.add_argument("--lenpen", type=finite_float, default=1.0)
+    parser.add_argument("--batch-lines", type=positive_int, default=64, help="lines translated per batch (default: 64)")
     parser.add_argument("--cpu", action="store_true", default=None)
+    add_threads_flag(parser)
+    add_verbose_flag(parser)
     return parser
 
 
+# A beam wider than this cannot be meant (and would try to allocate beam x vocabulary scores per step).
+MAX_BEAM = 1000
+
+
 def read_input(path):
+    """The lines to translate: UTF-8 (or UTF-16/32 with a byte-order mark), else a one-line error."""
     if path is None:
-        return sys.stdin.read().splitlines()
+        stdin = getattr(sys.stdin, "buffer", None)
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
+        return split_lines(decode_user_text(data, "standard input"))
     if not Path(path).is_file():
         raise UserError(f"input file not found: {path}")
-    with open(path, encoding="utf-8") as handle:
-        return handle.read().splitlines()
+    return read_user_lines(path, f"--input {path}")
 
 
 @cli_main
@@ -199,6 +215,9 @@ def main(argv=None):
     lines = read_input(args.input)
     if not any(line.strip() for line in lines):
         raise UserError("empty input: nothing to translate (give sentences on stdin or with --input)")
+    # stdout is for translations: the thread note goes to stderr, and only on a terminal, so that
+    # scripts reading stderr see nothing but errors.
+    use_threads(args.threads, announce=(lambda note: print(note, file=sys.stderr)) if sys.stderr.isatty() else None)
     translator = load_translator(
         args.checkpoint, args.data, bpe=None if args.bpe == "none" else args.bpe, bpe_codes=args.bpe_codes,
         sentencepiece_model=args.sentencepiece_model, tokenizer=None if args.tokenizer == "none" else args.tokenizer,

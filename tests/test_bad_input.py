@@ -32,7 +32,7 @@ def user_error(capsys, main, argv):
     assert exited.value.code == 2
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
-    assert re.match(r"^(\S+: )?error: ", lines[-1]), lines
+    assert re.match(r"^(\S+( \S+)?: )?error: ", lines[-1]), lines
     return lines[-1]
 
 
@@ -129,7 +129,7 @@ def test_translate_input(capsys, bad_checkpoints, toy_data_bin, tmp_path):
 
 
 def test_invalid_option_values(capsys, toy_data_bin, tmp_path):
-    assert "no sample-es-en config with 0 layers" in user_error(capsys, train.main, [
+    assert "argument --layers: must be at least 1, got 0" in user_error(capsys, train.main, [
         "--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "0", "--data", toy_data_bin,
         "--save-dir", tmp_path / "ck", "--dry-run"])
     assert "--layers must be at least 1" in user_error(capsys, analysis.main, [toy_data_bin, "--out", tmp_path / "a", "--layers", "0"])

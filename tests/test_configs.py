@@ -117,7 +117,15 @@ def test_flags_mean_what_the_yaml_says(dataset, variant, layers):
 
 def test_unknown_choice_is_a_user_error():
     with pytest.raises(UserError, match="shipped depths: 6, 12"):
-        configs.load("iwslt14-de-en", "resi_dual", 7)
+        configs.config_path("iwslt14-de-en", "resi_dual", 7)
+    # Any other depth is composed from base.yaml, as the shipped files are.
+    composed = configs.load("iwslt14-de-en", "resi_dual", 7, decoder_layers=5)
+    shipped = configs.load("iwslt14-de-en", "resi_dual", 6)
+    assert (composed["model"]["encoder_layers"], composed["model"]["decoder_layers"]) == (7, 5)
+    assert {k: v for k, v in composed["model"].items() if not k.endswith("_layers")} == \
+        {k: v for k, v in shipped["model"].items() if not k.endswith("_layers")}
+    with pytest.raises(UserError, match="layers must be between 1 and 1000, got 0"):
+        configs.load("iwslt14-de-en", "resi_dual", 0)
     with pytest.raises(UserError, match="unknown variant"):
         configs.load("iwslt14-de-en", "deepnet", 6)
     with pytest.raises(UserError, match=r"missing \(\?\?\?\): task.data, common.user_dir|common.user_dir, task.data"):

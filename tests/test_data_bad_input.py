@@ -190,8 +190,12 @@ def test_output_directory_with_other_data_then_force_then_no_op(tmp_path):
     with pytest.raises(DataPreparationError, match="holds other files .*--force"):
         prepare(custom_options(tmp_path, [source, target]))
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"  # untouched
+    with pytest.raises(DataPreparationError, match="--force replaces only those"):  # not ours: never deleted
+        prepare(custom_options(tmp_path, [source, target], force=True))
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+    (tmp_path / "out" / "notes.txt").unlink()
     first = prepare(custom_options(tmp_path, [source, target], force=True))
-    assert not (tmp_path / "out" / "notes.txt").exists() and not first.reused
+    assert not first.reused
     with pytest.raises(DataPreparationError, match="holds a different preparation \\(custom, other settings\\)"):
         prepare(custom_options(tmp_path, [source, target], vocab_size=45))
     again = prepare(custom_options(tmp_path, [source, target], workers=2))  # workers do not change the data

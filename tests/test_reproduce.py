@@ -49,3 +49,48 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
     again = run(command, env=CLI_ENV)
     assert "2 runs (2 finished)" in again.stdout and again.stdout.count("skip sample-es-en") == 2
     assert "running:" not in again.stdout
+
+
+def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_path, monkeypatch, capsys):
+    """--layers takes depths the dataset does not ship; a run without checkpoint_best.pt (trained with
+    --disable-validation) is evaluated on checkpoint_last.pt, saying so; a failing run is reported in the
+    table while the others go on."""
+    import json
+
+    import pytest
+
+    from residual_fairseq import evaluate, train
+    from residual_fairseq.errors import UserError
+
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln", "resi_dual"],
+                            layers=[5], seeds=[1])
+    assert [run.save_dir.parent.name for run in runs] == ["post_ln-5l", "resi_dual-5l"]
+
+    def fake_train(request, dry_run=False):
+        if request.variant == "post_ln":
+            raise UserError("fairseq-train exited 1 (log: somewhere)")
+        request.save_dir.mkdir(parents=True)
+        (request.save_dir / "checkpoint_last.pt").write_bytes(b"model")
+        (request.save_dir / "train.log").write_text(
+            '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "4"}\n')
+
+    evaluated = []
+
+    def fake_evaluate(checkpoint, data, out_json=None, **options):
+        evaluated.append(checkpoint)
+        result = {"sacrebleu": {"score": 12.5}, "chrf": {"score": 40.0}, "tokenized_bleu": {"score": 13.0}}
+        out_json.write_text(json.dumps(result))
+        return result
+
+    monkeypatch.setattr(train, "train", fake_train)
+    monkeypatch.setattr(evaluate, "evaluate_run", fake_evaluate)
+    monkeypatch.setattr(reproduce, "evaluation_options", lambda run: {})
+    with pytest.raises(UserError, match="1 of 2 runs failed"):
+        reproduce.reproduce(runs, tmp_path / "out")
+    out = capsys.readouterr().out
+    assert "error: sample-es-en post_ln 5L seed 1 failed: fairseq-train exited 1" in out
+    assert "has no checkpoint_best.pt (trained without validation?): evaluating checkpoint_last.pt" in out
+    assert evaluated == [runs[1].save_dir / "checkpoint_last.pt"]
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
+    assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | - |" in table

@@ -98,3 +98,97 @@ def test_two_cpu_processes_train_together(toy_data_bin, tmp_path):
     assert "training on 2 devices" in (save_dir / "train.log").read_text()
     assert (save_dir / "checkpoint_last.pt").is_file() and (save_dir / "train.rank1.log").is_file()
     assert "gloo" in proc.stdout
+
+
+# --- own corpus at any depth, languages, threads, progress, tensorboard -------------------------------
+
+def test_any_depth_and_asymmetric_depths_from_base_yaml(toy_data_bin, tmp_path):
+    plan = train.plan(request(toy_data_bin, tmp_path / "ck", cpu=True).__class__(
+        "iwslt14-de-en", "resi_dual", 5, toy_data_bin, tmp_path / "ck", cpu=True, decoder_layers=2))
+    text = shlex.join(plan.commands[0])
+    assert "--encoder-layers 5 --decoder-layers 2" in text and "--encoder-embed-dim 256" in text  # iwslt's base
+    assert plan.model["encoder_layers"] == 5 and plan.model["decoder_layers"] == 2
+    assert train.run_name("resi_dual", plan.model) == "resi_dual-5+2l"
+    # fairseq flags after -- win over the config; the record says what the run really holds.
+    plan = train.plan(request(toy_data_bin, tmp_path / "ck", cpu=True, extra_args=["--encoder-layers", "6",
+                                                                                 "--decoder-layers=6"]))
+    assert (plan.model["encoder_layers"], plan.model["decoder_layers"]) == (6, 6)
+    path = train.write_run_record(request(toy_data_bin, tmp_path / "ck", extra_args=["--encoder-layers", "6",
+                                                                                   "--decoder-layers=6"]), plan)
+    record = json.loads(path.read_text())
+    assert record["name"] == "resi_dual-6l" and (record["encoder_layers"], record["decoder_layers"]) == (6, 6)
+    assert (record["source_lang"], record["target_lang"]) == ("src", "tgt") and record["threads"] >= 1
+
+
+def test_language_pair_is_inferred_from_the_data(toy_data_bin, tmp_path, capsys):
+    # iwslt14-de-en's config names de-en; the toy data hold src-tgt: the data win, and the driver says so.
+    iwslt = train.TrainRequest("iwslt14-de-en", "resi_dual", 6, toy_data_bin, tmp_path / "ck", cpu=True)
+    plan = train.plan(iwslt)
+    assert "--source-lang src --target-lang tgt" in shlex.join(plan.commands[0])
+    assert any("holds src-tgt: training src->tgt" in note for note in plan.notes)
+    reverse = train.plan(train.TrainRequest("iwslt14-de-en", "resi_dual", 6, toy_data_bin, tmp_path / "ck",
+                                            cpu=True, source_lang="tgt"))
+    assert "--source-lang tgt --target-lang src" in shlex.join(reverse.commands[0])
+    train.main(["--dataset", "sample-es-en", "--variant", "post_ln", "--encoder-layers", "4", "--decoder-layers",
+                "1", "--data", str(toy_data_bin), "-s", "src", "-t", "tgt", "--save-dir", str(tmp_path / "d"),
+                "--threads", "3", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "--encoder-layers 4 --decoder-layers 1" in out and "note: 3 CPU threads (--threads" in out
+
+
+def test_threads_default_and_override(monkeypatch):
+    from residual_fairseq import runtime
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("RESIDUAL_FAIRSEQ_THREADS", "2")
+    assert runtime.resolve_threads() == (2, "RESIDUAL_FAIRSEQ_THREADS")
+    assert runtime.resolve_threads(5) == (5, "--threads")
+    monkeypatch.delenv("RESIDUAL_FAIRSEQ_THREADS")
+    threads, source = runtime.resolve_threads()
+    assert threads == max(1, min(8, runtime.available_cores() // 2)) and "cores" in source
+    assert runtime.thread_environment(3)["OMP_NUM_THREADS"] == "3"
+
+
+def test_progress_bar_reads_fairseq_json_lines():
+    import io
+
+    stream = io.StringIO()
+    display = train.ProgressDisplay(max_update=0, max_epoch=2, stream=stream)
+    lines = [
+        "2026-12-03 02:29:52 | INFO | fairseq.data.iterators | grouped total_num_itrs = 50\n",
+        "2026-12-03 02:29:52 | INFO | fairseq_cli.train | a long config dump nobody reads\n",
+        "/x/torch/nn/functional.py:6802: UserWarning: Support for mismatched key_padding_mask is deprecated.\n",
+        "  key_padding_mask = _canonical_mask(\n",
+        '2026-12-03 02:30:10 | INFO | train_inner | {"epoch": 1, "update": 0.5, "loss": "9.5", "lr": "0.001", '
+        '"num_updates": "25"}\n',
+        '2026-12-03 02:30:20 | INFO | valid | {"epoch": 1, "valid_loss": "8.25", "valid_num_updates": "50"}\n',
+        "2026-12-03 02:30:21 | WARNING | fairseq.trainer | something worth seeing\n",
+        "2026-12-03 02:30:22 | INFO | fairseq_cli.train | ResiDualModel(\n",
+        "  (encoder): ResiDualEncoder(\n",
+        "fairseq-train: error: argument --foo: bad\n",
+        "Traceback (most recent call last):\n",
+        "  File \"x.py\", line 1, in <module>\n",
+        "RuntimeError: boom\n",
+    ]
+    for line in lines:
+        display.feed(line)
+    assert display.bar.total == 100 and display.bar.n == 25
+    display.close()
+    shown = stream.getvalue()
+    assert "epoch 1 update 50: valid loss 8.25" in shown and "something worth seeing" in shown
+    assert "config dump" not in shown and "UserWarning" not in shown and "_canonical_mask" not in shown
+    assert "ResiDualEncoder" not in shown and "fairseq-train: error: argument --foo" in shown
+    assert "Traceback" in shown and "RuntimeError: boom" in shown
+
+
+def test_tensorboard_logdir_writes_event_files(toy_data_bin, tmp_path):
+    """tensorboardX is a dependency, so fairseq-train --tensorboard-logdir works (and fairseq no longer
+    prints "Please install tensorboardX")."""
+    from helpers import TINY_TRAIN_ARGS, USER_DIR, fairseq_cli
+
+    proc = run([fairseq_cli("fairseq-train"), toy_data_bin, "--user-dir", USER_DIR, *TINY_TRAIN_ARGS,
+                "--max-update", "2", "--no-save", "--tensorboard-logdir", tmp_path / "tb",
+                "--save-dir", tmp_path / "ck"])
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events and any(path.stat().st_size > 100 for path in events)

@@ -1,13 +1,15 @@
 """``residual-fairseq-analyze``: gradient vanishing and representation collapse, measured."""
 import argparse
 import json
-import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from ..argtypes import check_output_dir, finite_float, nonnegative_float, positive_float
+from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
+from ..runtime import add_verbose_flag
 from ..variants import VARIANTS
 from .data import is_language_modeling, load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
@@ -47,22 +49,23 @@ def build_parser():
     g.add_argument("--embed-dim", type=int)
     g.add_argument("--ffn-dim", type=int)
     g.add_argument("--heads", type=int)
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--dual-scale", type=float, help="ResiDual dual-stream scale s (default 1.0)")
+    g.add_argument("--dropout", type=finite_float)
+    g.add_argument("--dual-scale", type=finite_float, help="ResiDual dual-stream scale s (default 1.0)")
     g.add_argument("--seed", type=int, default=1, help="initialisation and batch-order seed")
     g = p.add_argument_group("measurement")
     g.add_argument("--split", default="valid", help="split the measurement batches come from")
     g.add_argument("--batches", type=int, default=4, help="measurement batches (the same ones every time)")
     g.add_argument("--max-tokens", type=int, default=4096)
-    g.add_argument("--label-smoothing", type=float, help="default 0.1 (translation), 0 (language models)")
+    g.add_argument("--label-smoothing", type=finite_float, help="default 0.1 (translation), 0 (language models)")
     g.add_argument("--tokens-per-sample", type=int, default=128,
                    help="language models (a data dir with one dict.txt): block length")
     g = p.add_argument_group("training (optional)")
     g.add_argument("--train-steps", type=int, default=0, help="updates on the train split (default 0)")
     g.add_argument("--measure-every", type=int, default=100)
-    g.add_argument("--lr", type=float, default=5e-4)
+    g.add_argument("--lr", type=positive_float, default=5e-4)
     g.add_argument("--warmup-updates", type=int, default=4000)
-    g.add_argument("--clip-norm", type=float, default=0.0)
+    g.add_argument("--clip-norm", type=nonnegative_float, default=0.0)
+    add_verbose_flag(p)
     return p
 
 
@@ -80,7 +83,7 @@ def parse_checkpoints(specs):
 
 def check_args(args):
     for name in ("layers", "encoder_layers", "decoder_layers", "embed_dim", "ffn_dim", "heads",
-                 "batches", "max_tokens", "measure_every"):
+                 "batches", "max_tokens", "measure_every", "tokens_per_sample"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -88,10 +91,41 @@ def check_args(args):
         raise UserError(f"--train-steps must be 0 or more, got {args.train_steps}")
     if args.embed_dim and args.heads and args.embed_dim % args.heads:
         raise UserError(f"--embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+    for name in ("layers", "encoder_layers", "decoder_layers"):
+        value = getattr(args, name)
+        if value is not None and value > MAX_LAYERS:
+            raise UserError(f"--{name.replace('_', '-')} must be at most {MAX_LAYERS}, got {value}")
+    if args.dual_scale is not None and args.dual_scale <= 0:
+        raise UserError(f"--dual-scale must be a finite positive number, got {args.dual_scale}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.label_smoothing is not None and not 0 <= args.label_smoothing < 1:
+        raise UserError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    if args.warmup_updates < 0:
+        raise UserError(f"--warmup-updates must be 0 or more, got {args.warmup_updates}")
+    check_model_fits_memory(args)
+
+
+def check_model_fits_memory(args):
+    """Refuse a model whose weights, gradients and Adam state alone exceed this machine's memory."""
+    embed = args.embed_dim or 512
+    ffn = args.ffn_dim or 4 * embed
+    encoder = args.encoder_layers or args.layers or 6
+    decoder = args.decoder_layers or args.layers or 6
+    parameters = encoder * (4 * embed * embed + 2 * embed * ffn) + decoder * (8 * embed * embed + 2 * embed * ffn)
+    needed = parameters * 4 * 4  # fp32 weights, gradients, two Adam moments
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if needed > memory:
+        raise UserError(f"a {encoder}+{decoder}-layer model of width {embed} needs about {needed / 2**30:.0f} GiB "
+                        f"for its weights and optimizer state; this machine has {memory / 2**30:.0f} GiB")
 
 
 def prepare_out_dir(out: Path) -> Path:
     """A fresh temporary dir beside ``out``; refuses to overwrite anything but an old analysis."""
+    check_output_dir(out, "--out")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "analysis.json").exists())):
         raise UserError(f"--out {out} exists and is not an earlier analysis output; choose another dir")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,11 +146,9 @@ def publish(tmp: Path, out: Path) -> None:
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    # importing fairseq leaves the root logger at DEBUG, which floods the
-    # terminal with matplotlib's font search.
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    # (importing fairseq leaves the root logger at DEBUG: cli_main resets it, see runtime.configure_logging)
     check_args(args)
+    check_output_dir(Path(args.out), "--out")
     if args.merge:
         return merge_reports(args.merge, Path(args.out))
     if not args.data:

@@ -53,15 +53,20 @@ def _iterator(task, split, max_tokens, seed, shuffle, epoch=1):
             task.load_dataset(split)
         except FileNotFoundError as err:
             raise UserError(f"split {split!r} not found: {err}") from err
-    epoch_iter = task.get_batch_iterator(
-        task.dataset(split),
-        max_tokens=max_tokens,
-        max_positions=task.max_positions(),
-        ignore_invalid_inputs=True,
-        seed=seed,
-        num_workers=0,  # worker processes cost seconds here and gain nothing
-        epoch=epoch,
-    )
+    try:
+        epoch_iter = task.get_batch_iterator(
+            task.dataset(split),
+            max_tokens=max_tokens,
+            max_positions=task.max_positions(),
+            ignore_invalid_inputs=True,
+            seed=seed,
+            num_workers=0,  # worker processes cost seconds here and gain nothing
+            epoch=epoch,
+        )
+    except (AssertionError, ValueError) as err:  # fairseq's batch_by_size: a sentence longer than max_tokens
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else "a sentence is longer"
+        raise UserError(f"--max-tokens {max_tokens} is too small for the {split!r} split ({detail}): "
+                        "raise it above the longest sentence") from None
     return epoch_iter.next_epoch_itr(shuffle=shuffle)
 
 

@@ -12,7 +12,10 @@ Python API: :func:`~.speed.run_speed_benchmark`, :func:`~.depth.run_depth_benchm
 """
 import argparse
 
+from ..argtypes import check_output_file, int_at_least, nonnegative_int, positive_float, positive_int
+from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
+from ..runtime import add_verbose_flag
 from ..variants import VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
@@ -33,7 +36,7 @@ def parse_sizes(text, language_model=False):
     sizes = []
     for item in filter(None, text.split(",")):
         preset, _, layers = item.partition(":")
-        if not layers.isdigit() or int(layers) < 1:
+        if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
             raise UserError(f"--sizes {item!r}: expected PRESET:LAYERS, e.g. iwslt_de_en:6")
         if language_model:
             if preset and f"transformer_lm_{preset}" not in ARCH_MODEL_REGISTRY:
@@ -62,8 +65,8 @@ def parse_depths(text):
         depths = [int(d) for d in text.split(",") if d]
     except ValueError:
         depths = []
-    if not depths or min(depths) < 1:
-        raise UserError(f"--depths {text!r}: expected positive integers, e.g. 6,12,24")
+    if not depths or min(depths) < 1 or max(depths) > MAX_LAYERS:
+        raise UserError(f"--depths {text!r}: expected positive integers up to {MAX_LAYERS}, e.g. 6,12,24")
     return depths
 
 
@@ -76,34 +79,35 @@ def build_parser():
         sub.add_argument("--source-lang", default=None)
         sub.add_argument("--target-lang", default=None)
         sub.add_argument("--variants", default=",".join(VARIANTS))
-        sub.add_argument("--max-tokens", type=int, default=2048, help="tokens per training batch")
+        sub.add_argument("--max-tokens", type=positive_int, default=2048, help="tokens per training batch")
         sub.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
         sub.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                          help="fp16/bf16: torch.autocast mixed precision (fp16 on CUDA only)")
-        sub.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-        sub.add_argument("--seed", type=int, default=1)
+        sub.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+        sub.add_argument("--seed", type=nonnegative_int, default=1)
         sub.add_argument("--json", default=None, help="write the full record (every run) here")
         sub.add_argument("--markdown", default=None, help="write the table as markdown here")
+        add_verbose_flag(sub)
 
     speed = commands.add_parser("speed", help="throughput and memory, side by side")
     common(speed)
     speed.add_argument("--sizes", default=DEFAULT_SIZES,
                        help=f"PRESET:LAYERS list (encoder and decoder layers); default {DEFAULT_SIZES}")
-    speed.add_argument("--repeats", type=int, default=3)
-    speed.add_argument("--warmup", type=int, default=2, help="untimed updates first")
-    speed.add_argument("--updates", type=int, default=5, help="timed updates")
-    speed.add_argument("--beam", type=int, default=5)
-    speed.add_argument("--decode-sentences", type=int, default=64)
-    speed.add_argument("--decode-batch-size", type=int, default=16)
+    speed.add_argument("--repeats", type=positive_int, default=3)
+    speed.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed updates first")
+    speed.add_argument("--updates", type=positive_int, default=5, help="timed updates")
+    speed.add_argument("--beam", type=int_at_least(1, 1000), default=5)
+    speed.add_argument("--decode-sentences", type=positive_int, default=64)
+    speed.add_argument("--decode-batch-size", type=positive_int, default=16)
 
     depth = commands.add_parser("depth", help="depth stability at a fixed training budget")
     common(depth)
     depth.add_argument("--depths", default="6,12,24", help="encoder and decoder layers, e.g. 6,12,24,48")
-    depth.add_argument("--width", type=int, default=64, help="embedding dim (ffn 4x, 4 heads)")
-    depth.add_argument("--updates", type=int, default=300)
-    depth.add_argument("--lr", type=float, default=1e-3)
-    depth.add_argument("--warmup-updates", type=int, default=100)
-    depth.add_argument("--valid-batches", type=int, default=20)
+    depth.add_argument("--width", type=positive_int, default=64, help="embedding dim (ffn 4x, 4 heads)")
+    depth.add_argument("--updates", type=positive_int, default=300)
+    depth.add_argument("--lr", type=positive_float, default=1e-3)
+    depth.add_argument("--warmup-updates", type=nonnegative_int, default=100)
+    depth.add_argument("--valid-batches", type=positive_int, default=20)
     return parser
 
 
@@ -113,6 +117,11 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    for path, flag in ((args.json, "--json"), (args.markdown, "--markdown")):
+        if path:
+            check_output_file(path, flag)
+    if args.command == "depth" and args.width % 4:
+        raise UserError(f"--width {args.width} must be divisible by the 4 attention heads")
     # Imported after parsing, so that bad options fail before the runs set anything up.
     from .report import depth_report, echo, environment, speed_report, write_outputs
 

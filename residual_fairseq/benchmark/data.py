@@ -73,10 +73,15 @@ def draw_batches(task, split, count, max_tokens=None, max_sentences=None, shuffl
         task.load_dataset(split)
     except FileNotFoundError as err:
         raise UserError(f"no {split!r} split in {task.cfg.data}: {err}") from err
-    epoch = task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
-        max_positions=MAX_POSITIONS, ignore_invalid_inputs=True, seed=seed, num_workers=0,
-    ).next_epoch_itr(shuffle=shuffle)
+    try:
+        epoch = task.get_batch_iterator(
+            dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences,
+            max_positions=MAX_POSITIONS, ignore_invalid_inputs=True, seed=seed, num_workers=0,
+        ).next_epoch_itr(shuffle=shuffle)
+    except (AssertionError, ValueError) as err:  # fairseq's batch_by_size: a sentence longer than max_tokens
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else "a sentence is longer"
+        raise UserError(f"--max-tokens {max_tokens} is too small for the {split!r} split ({detail}): "
+                        "raise it above the longest sentence") from None
     batches = list(epoch)
     if not batches:
         raise UserError(f"the {split!r} split of {task.cfg.data} has no usable sentences")

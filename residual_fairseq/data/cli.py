@@ -8,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..argtypes import int_at_least, nonnegative_float, nonnegative_int, positive_int
 from ..errors import cli_main
+from ..runtime import add_verbose_flag
 from .datasets import RECIPES
 from .language_modeling import LM_RECIPES, prepare_language_model
 from .options import PrepareOptions
@@ -34,10 +36,11 @@ def build_parser():
     text.add_argument("--tokenizer", choices=("moses", "none"))
     text.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None)
     text.add_argument("--subword", choices=METHODS, help="subword-nmt BPE, sentencepiece BPE/unigram, or none")
-    text.add_argument("--vocab-size", type=int, help="BPE merges (bpe) or vocabulary size (sentencepiece)")
-    text.add_argument("--min-len", type=int, help="clean-corpus-n: fewest tokens per side")
-    text.add_argument("--max-len", type=int, help="clean-corpus-n: most tokens per side")
-    text.add_argument("--length-ratio", type=float, help="clean-corpus-n: largest length ratio (0: off)")
+    text.add_argument("--vocab-size", type=positive_int, help="BPE merges (bpe) or vocabulary size (sentencepiece)")
+    text.add_argument("--min-len", type=nonnegative_int, help="clean-corpus-n: fewest tokens per side")
+    text.add_argument("--max-len", type=positive_int, help="clean-corpus-n: most tokens per side")
+    text.add_argument("--length-ratio", type=nonnegative_float,
+                      help="clean-corpus-n: largest length ratio, >= 1 (0: off)")
     text.add_argument("--joined-dictionary", action=argparse.BooleanOptionalAction, default=True,
                       help="one dictionary for both sides, for shared embeddings (default: on)")
 
@@ -53,8 +56,8 @@ def build_parser():
         own.add_argument(f"--{split}", nargs="+", type=Path, default=[], metavar="FILE",
                          help=f"{split} data: SRC_FILE TGT_FILE, or one TSV file (.gz allowed)")
     own.add_argument("--tsv-columns", default="0,1", help="source,target column numbers of TSV files (default 0,1)")
-    own.add_argument("--valid-size", type=int, help="pairs held out of train when --valid is absent")
-    own.add_argument("--test-size", type=int, help="pairs held out of train when --test is absent")
+    own.add_argument("--valid-size", type=positive_int, help="pairs held out of train when --valid is absent")
+    own.add_argument("--test-size", type=positive_int, help="pairs held out of train when --test is absent")
     own.add_argument("--seed", type=int, default=1, help="seed of the held-out sample")
 
     opus = parser.add_argument_group("OPUS-100 (--dataset opus-100)")
@@ -66,9 +69,11 @@ def build_parser():
                      help="use files you fetched yourself: archives or directories, instead of downloading")
     run.add_argument("--download-dir", type=Path, help="where downloads are kept and resumed "
                      "(default ~/.cache/residual-fairseq/downloads)")
-    run.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    run.add_argument("--workers", type=int_at_least(1, 1024), default=os.cpu_count() or 1,
+                     help="processes (default: all cores)")
     run.add_argument("--force", action="store_true", help="replace an output directory holding other data")
     run.add_argument("--quiet", action="store_true", help="no progress bars or info messages")
+    add_verbose_flag(run)
     return parser
 
 
@@ -77,10 +82,10 @@ def options_from_arguments(args):
         columns = tuple(int(column) for column in args.tsv_columns.split(","))
     except ValueError:
         columns = ()
-    if len(columns) != 2:
+    if len(columns) != 2 or min(columns) < 0 or columns[0] == columns[1]:
         from .errors import DataPreparationError
 
-        raise DataPreparationError(f"--tsv-columns wants two numbers like 0,1, not {args.tsv_columns!r}")
+        raise DataPreparationError(f"--tsv-columns wants two different numbers >= 0 like 0,1, not {args.tsv_columns!r}")
     return PrepareOptions(
         dataset=args.dataset, out=args.out, source_lang=args.source_lang, target_lang=args.target_lang,
         tokenizer=args.tokenizer, lowercase=args.lowercase, subword=args.subword, vocab_size=args.vocab_size,
@@ -89,7 +94,7 @@ def options_from_arguments(args):
         srcdict=args.srcdict, tgtdict=args.tgtdict, train=args.train, valid=args.valid, test=args.test,
         tsv_columns=columns, valid_size=args.valid_size, test_size=args.test_size, seed=args.seed,
         pairs=[pair for pair in args.pairs.split(",") if pair.strip()], directions=args.directions,
-        from_archive=args.from_archive, download_dir=args.download_dir, workers=max(1, args.workers),
+        from_archive=args.from_archive, download_dir=args.download_dir, workers=args.workers,
         force=args.force, progress=not args.quiet,
     )
 

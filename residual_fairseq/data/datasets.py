@@ -414,7 +414,9 @@ class SampleEsEn(OwnCorpus):
     name = "sample-es-en"
     summary = "bundled Spanish-English Bible verses (Reina-Valera 1909 / KJV), offline"
     languages = ("es", "en")
-    defaults = dict(tokenizer="none", lowercase=False, subword="spm-bpe", vocab_size=8000,
+    # 2,000 pieces: on this 1.5M-word corpus a small vocabulary trains faster per CPU
+    # second (the output layer dominates a 64-wide model) and to a better model.
+    defaults = dict(tokenizer="none", lowercase=False, subword="spm-bpe", vocab_size=2000,
                     min_len=1, max_len=250, length_ratio=0, clean_stage="after")
     COLUMNS = {"es": 1, "en": 2}  # reference<TAB>es<TAB>en
 

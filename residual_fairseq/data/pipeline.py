@@ -64,12 +64,15 @@ def prepare(options):
     options = recipe.resolve(options)
     if options.subword not in subword.METHODS:
         raise DataPreparationError(f"unknown subword method {options.subword!r}; choose one of {', '.join(subword.METHODS)}")
+    check_numbers(options)
     options = apply_reuse(options)
     if options.download_dir is None:
         options = _replace(options, download_dir=default_download_dir())
     settings = options.settings()
     settings["inputs"] = input_fingerprints(options, recipe.input_files(options))
     out_dir = Path(options.out).resolve()
+    check_output_holds_no_input(out_dir, options, recipe.input_files(options))
+    remove_stale_staging(out_dir)
     finished = existing_preparation(out_dir, settings, options.force)
     if finished:
         logger.info("%s already holds this preparation (%s); nothing to do", out_dir, MANIFEST_NAME)
@@ -116,6 +119,38 @@ def _replace(options, **changes):
     return replace(options, **changes)
 
 
+# --- values that cannot be meant ---------------------------------------------------------
+
+def check_numbers(options):
+    """Refuse settings that would silently leave nothing (or nonsense) to train on."""
+    def fail(message):
+        raise DataPreparationError(message)
+
+    if options.min_len is not None and options.min_len < 0:
+        fail(f"--min-len must be 0 or more, got {options.min_len}")
+    if options.max_len is not None and options.max_len < 1:
+        fail(f"--max-len must be at least 1, got {options.max_len}")
+    if None not in (options.min_len, options.max_len) and options.min_len > options.max_len:
+        fail(f"--min-len {options.min_len} is above --max-len {options.max_len}: no pair could pass")
+    ratio = options.length_ratio
+    if ratio is not None and (ratio != ratio or ratio in (float("inf"), float("-inf")) or ratio < 0):
+        fail(f"--length-ratio must be a finite number >= 1 (or 0: off), got {ratio}")
+    if ratio is not None and 0 < ratio < 1:
+        fail(f"--length-ratio {ratio} is below 1: the longer side over the shorter is never below 1 "
+             "(0 turns the filter off)")
+    if options.vocab_size is not None and options.vocab_size < 1 and options.subword != "none":
+        fail(f"--vocab-size must be at least 1, got {options.vocab_size}")
+    for name in ("valid_size", "test_size"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if options.workers < 1:
+        fail(f"--workers must be at least 1, got {options.workers}")
+    columns = tuple(options.tsv_columns)
+    if len(columns) != 2 or min(columns) < 0 or columns[0] == columns[1]:
+        fail(f"--tsv-columns wants two different column numbers >= 0, like 0,1, not {','.join(map(str, columns))}")
+
+
 # --- reuse of a trained model's subwords and dictionaries --------------------------------
 
 def apply_reuse(options):
@@ -126,6 +161,9 @@ def apply_reuse(options):
     manifest = read_manifest(previous)
     if manifest is None:
         raise DataPreparationError(f"--reuse {previous}: no {MANIFEST_NAME} there (not a prepared directory)")
+    if not is_prepare_manifest(manifest):
+        raise DataPreparationError(f"--reuse {previous}: its {MANIFEST_NAME} is not one residual-fairseq-prepare "
+                                   "wrote (no format/source_lang/target_lang/subword/files)")
     model = manifest.get("subword", {}).get("model")
     langs = manifest["source_lang"], manifest["target_lang"]
     changes = dict(
@@ -143,10 +181,33 @@ def _check_reused_files(options):
                        (options.tgtdict, "--tgtdict")):
         if path is not None and not Path(path).is_file():
             raise DataPreparationError(f"{what} not found: {path}")
+    for path, flag in ((options.srcdict, "--srcdict"), (options.tgtdict, "--tgtdict")):
+        if path is not None:
+            check_dictionary_file(path, flag)
     if options.subword_model is not None:
         method = subword.method_of_model_file(options.subword_model)
+        subword.check_model_file(options.subword_model)
         options = _replace(options, subword="bpe" if method == "bpe" else "spm", vocab_size=None)
     return options
+
+
+def check_dictionary_file(path, flag):
+    """A fairseq dictionary: one ``<token> <count>`` per line (optionally ``#fairseq:overwrite``)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            entries = 0
+            for number, line in enumerate(handle, start=1):
+                fields = line.rstrip("\n").rsplit(" ", 2)
+                if fields and fields[-1] == "#fairseq:overwrite":
+                    fields = fields[:-1]
+                if len(fields) != 2 or not fields[0] or not fields[1].lstrip("-").isdigit():
+                    raise DataPreparationError(f"{flag} {path} is not a fairseq dictionary: line {number} is not "
+                                               "'<token> <count>' (use the dict.<lang>.txt of a fairseq data directory)")
+                entries += 1
+    except UnicodeDecodeError:
+        raise DataPreparationError(f"{flag} {path} is not a fairseq dictionary (not UTF-8 text)") from None
+    if entries == 0:
+        raise DataPreparationError(f"{flag} {path} is empty: not a fairseq dictionary")
 
 
 def input_fingerprints(options, corpus_files):
@@ -162,9 +223,65 @@ def read_manifest(directory):
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text("utf-8"))
+        manifest = json.loads(path.read_text("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise DataPreparationError(f"{path} is not a readable manifest") from None
+    if not isinstance(manifest, dict):
+        raise DataPreparationError(f"{path} is not a readable manifest (not a JSON object)")
+    return manifest
+
+
+PREPARE_MANIFEST_KEYS = ("format", "dataset", "source_lang", "target_lang", "settings", "subword", "files")
+
+
+def is_prepare_manifest(manifest) -> bool:
+    """Whether a manifest was written by this pipeline (rather than some other tool's manifest.json)."""
+    return (isinstance(manifest, dict) and all(key in manifest for key in PREPARE_MANIFEST_KEYS)
+            and manifest.get("format") == MANIFEST_FORMAT and isinstance(manifest.get("files"), dict))
+
+
+def foreign_files(out_dir, manifest):
+    """Files in ``out_dir`` that the preparation recorded in ``manifest`` did not write."""
+    ours = set(manifest.get("files") or {}) | {MANIFEST_NAME, LOG_NAME}
+    return sorted(str(path.relative_to(out_dir)) for path in Path(out_dir).rglob("*")
+                  if not path.is_dir() and str(path.relative_to(out_dir)) not in ours)
+
+
+def check_output_holds_no_input(out_dir, options, corpus_files):
+    """--out must not be (or contain) the run's own inputs: replacing it would delete them."""
+    inputs = [Path(path) for path in list(corpus_files) + list(options.from_archive)
+              + [options.subword_model, options.srcdict, options.tgtdict, options.reuse, options.download_dir]
+              if path is not None]
+    for path in inputs:
+        resolved = Path(path).resolve()
+        if resolved == out_dir or out_dir in resolved.parents:
+            raise DataPreparationError(f"--out {out_dir} holds an input of this run ({path}): "
+                                       "choose an output directory of its own")
+
+
+def remove_stale_staging(out_dir):
+    """Remove ``.OUT.partial-PID`` / ``.OUT.old-PID`` folders left by killed runs (PID no longer alive)."""
+    parent = out_dir.parent
+    if not parent.is_dir():
+        return
+    for kind in ("partial", "old"):
+        for folder in parent.glob(f".{out_dir.name}.{kind}-*"):
+            pid = folder.name.rsplit("-", 1)[-1]
+            if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+                logger.info("removing %s, left by an interrupted run (process %s)", folder, pid)
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def existing_preparation(out_dir, settings, force):
@@ -180,6 +297,16 @@ def existing_preparation(out_dir, settings, force):
     if manifest is not None and manifest.get("settings") == settings and files_intact(out_dir, manifest):
         return PreparedData(out_dir, manifest, reused=True)
     if force:
+        if not is_prepare_manifest(manifest):
+            raise DataPreparationError(
+                f"output directory {out_dir} is not an earlier residual-fairseq-prepare output (no manifest.json of "
+                "ours): --force replaces only those; choose another --out")
+        foreign = foreign_files(out_dir, manifest)
+        if foreign:
+            raise DataPreparationError(
+                f"output directory {out_dir} holds files an earlier preparation did not write ({foreign[0]}"
+                + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
+                + "): --force would delete them; move them or choose another --out")
         return None
     if manifest is None:
         reason = "holds other files (no manifest.json)"
@@ -229,6 +356,9 @@ def run_pipeline(recipe, options, settings, staging):
     splits = group_splits(build.parts)
     if not splits.get("train") or not splits["train"][0]:
         raise DataPreparationError("no training pairs left after reading and cleaning the input")
+    for split, (sources, _) in splits.items():
+        if not sources:
+            raise DataPreparationError(f"no {split} pairs left after reading and cleaning the input")
     src, tgt = build.source_lang, build.target_lang
     for split, (sources, targets) in splits.items():
         write_lines(staging / TOKENIZED_DIR / f"{split}.{src}", sources)
@@ -251,6 +381,11 @@ def run_pipeline(recipe, options, settings, staging):
         build.steps.append(cleaning.describe())
 
     splits = group_splits(build.parts)
+    for split, (sources, _) in splits.items():
+        if not sources:
+            raise DataPreparationError(
+                f"no {split} pairs left after cleaning (min/max length {options.min_len}/{options.max_len}, "
+                f"length ratio {options.length_ratio or 'off'}): loosen the limits")
     for split, (sources, targets) in splits.items():
         write_lines(staging / f"{split}.{src}", sources)
         write_lines(staging / f"{split}.{tgt}", targets)

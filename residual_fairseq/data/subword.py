@@ -57,6 +57,38 @@ def method_of_model_file(path):
     return "spm" if path.suffix == ".model" else "bpe"
 
 
+def check_model_file(path, method=None):
+    """A one-line error unless ``path`` is a loadable sentencepiece model or subword-nmt codes file.
+
+    ``method`` (``"spm"`` or ``"bpe"``) defaults to the guess from the file name.
+    """
+    path = Path(path)
+    if (method or method_of_model_file(path)) == "spm":
+        import sentencepiece
+
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise DataPreparationError(f"subword model {path} is not a sentencepiece model ({reason})") from None
+        return
+    # subword-nmt codes: an optional "#version: X.Y" line, then one merge ("a b") per line.
+    try:
+        with open(path, encoding="utf-8") as codes:
+            merges = 0
+            for number, line in enumerate(codes, start=1):
+                if number == 1 and line.startswith("#version:"):
+                    continue
+                if len(line.rstrip("\r\n").split(" ")) != 2:
+                    raise DataPreparationError(f"subword model {path} is not a subword-nmt codes file: line {number} "
+                                               "is not a merge 'a b'")
+                merges += 1
+    except UnicodeDecodeError:
+        raise DataPreparationError(f"subword model {path} is not a subword-nmt codes file (not UTF-8 text)") from None
+    if merges == 0:
+        raise DataPreparationError(f"subword model {path} holds no merges")
+
+
 def encoder_for(model_path):
     """The line encoder for an existing subword model file."""
     if method_of_model_file(model_path) == "spm":

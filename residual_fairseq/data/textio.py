@@ -1,12 +1,15 @@
 """Reading and writing line-aligned text, with counted skips.
 
 Lines are read as bytes and decoded one by one, so a single bad byte costs one
-line (counted as ``non_utf8``) instead of the whole file.
+line (counted as ``non_utf8``) instead of the whole file. A file that starts with a
+UTF-16 or UTF-32 byte-order mark is decoded as such (read line by line as UTF-8,
+its NUL-padded bytes would pass as garbled text); a UTF-8 byte-order mark is dropped.
 """
 import gzip
 import io
 from pathlib import Path
 
+from ..argtypes import BOMS
 from .errors import DataPreparationError
 
 # A line that is not valid UTF-8 is represented by None until the pair it
@@ -28,6 +31,11 @@ def read_lines(path):
     lines = []
     try:
         with open_binary(path) as handle:
+            start = handle.read(4)
+            encoding = next((name for bom, name in BOMS if start.startswith(bom)), None)
+            if encoding not in (None, "utf-8"):
+                return _read_wide(start + handle.read(), encoding, path)
+            handle.seek(3 if encoding == "utf-8" else 0)
             for raw in handle:
                 try:
                     lines.append(raw.decode("utf-8").rstrip("\r\n"))
@@ -37,6 +45,28 @@ def read_lines(path):
         if isinstance(exc, FileNotFoundError):
             raise DataPreparationError(f"input file not found: {path}") from None
         raise DataPreparationError(f"cannot read {path}: corrupt or truncated ({exc})") from None
+    return lines
+
+
+def _read_wide(data, encoding, path):
+    """A whole UTF-16/32 file (byte-order mark first), decoded; undecodable lines are None."""
+    bom = next(bom for bom, name in BOMS if name == encoding)
+    newline = "\n".encode(encoding)
+    width = len(newline)
+    lines, start, body = [], len(bom), data
+    while start < len(body):
+        end = start
+        while end < len(body):  # the next newline on a code-unit boundary
+            end = body.find(newline, end)
+            if end < 0 or (end - start) % width == 0:
+                break
+            end += 1
+        end = len(body) if end < 0 else end
+        try:
+            lines.append(body[start:end].decode(encoding).rstrip("\r"))
+        except UnicodeDecodeError:
+            lines.append(UNDECODABLE)
+        start = end + width
     return lines
 
 

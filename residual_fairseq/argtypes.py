@@ -1,0 +1,150 @@
+"""Checks of command-line values, so that nonsense is refused when the command line is parsed.
+
+The number types are argparse ``type=`` callables: a bad value ends the command with
+argparse's one line (``prog: error: argument --beam: must be at least 1, got 0``) and
+exit status 2, before anything is loaded or written. The path checks raise
+:class:`~residual_fairseq.errors.UserError` for an output that could not be written
+(an existing directory where a file goes, a parent that is a file), which a CLI
+turns into ``error: ...`` and exit 2, also before any work.
+"""
+import argparse
+import math
+import os
+import shlex
+from pathlib import Path
+
+from .errors import UserError
+
+
+def _number(text, kind):
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+
+
+def int_at_least(minimum: int, maximum: int = None):
+    def parse(text):
+        value = _number(text, int)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
+
+
+def finite_float(text):
+    value = _number(text, float)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def nonnegative_float(text):
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def shell_words(text):
+    """A shell-quoted string of extra arguments (``--generate-args``), split; unbalanced quotes are refused."""
+    try:
+        return shlex.split(text)
+    except ValueError as err:  # "No closing quotation", "No escaped character"
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} like a shell: {str(err).lower()}")
+
+
+# --- output paths ---------------------------------------------------------------------------
+
+def _blocking_parent(path: Path):
+    """The first existing ancestor of ``path`` that is not a directory, or None."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_output_file(path, flag: str) -> Path:
+    """Refuse an output file path that cannot be written: a directory, or under a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a directory: give a file name")
+    blocking = _blocking_parent(path)
+    if blocking is not None:
+        raise UserError(f"{flag} {path}: {blocking} is a file, not a directory")
+    if path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: cannot write in {path.parent}")
+    return path
+
+
+def check_output_dir(path, flag: str) -> Path:
+    """Refuse an output directory path that is a file or lies under a file."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file, not a directory")
+    blocking = _blocking_parent(path)
+    if blocking is not None:
+        raise UserError(f"{flag} {path}: {blocking} is a file, not a directory")
+    existing = path if path.is_dir() else next((p for p in path.parents if p.is_dir()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: cannot write in {existing}")
+    return path
+
+
+# --- user text --------------------------------------------------------------------------------
+
+# Byte-order marks, longest first: the UTF-32-LE mark begins with the UTF-16-LE one.
+BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"),
+)
+
+
+def decode_user_text(data: bytes, name: str) -> str:
+    """Text a user handed us: UTF-8, or UTF-16/32 recognised by its byte-order mark.
+
+    The mark is dropped. Bytes that are not valid in that encoding are a UserError
+    naming the line, never a traceback or silently garbled text.
+    """
+    encoding = "utf-8"
+    for bom, bom_encoding in BOMS:
+        if data.startswith(bom):
+            data, encoding = data[len(bom):], bom_encoding
+            break
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count("\n".encode(encoding)) + 1
+        raise UserError(f"{name} is not {encoding.upper()} text (line {line}): convert it to UTF-8") from None
+
+
+def read_user_lines(path, name=None):
+    """Lines (newline-stripped) of a user's text file; see :func:`decode_user_text`."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"file not found: {path}")
+    text = decode_user_text(path.read_bytes(), name or str(path))
+    return split_lines(text)
+
+
+def split_lines(text: str):
+    """Lines at ``\\n`` only (str.splitlines also splits at form feeds, U+2028... inside a sentence)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]

@@ -1,0 +1,100 @@
+"""How the command-line tools run: CPU threads and log verbosity.
+
+Threads. torch's default (one thread per core) is a poor fit for the small models and
+shared machines this project is tried on: on a shared 2-core machine one thread
+trained 5-9x faster than two (docs/training.md), and on the idle machine two threads
+were only ~1.1x faster than one. So every driver (train, evaluate, translate, the
+quickstart) uses, in order of precedence: its ``--threads N``; the environment
+variable ``RESIDUAL_FAIRSEQ_THREADS``; ``OMP_NUM_THREADS`` when set; otherwise half
+the cores this process may use (at least 1, at most 8). The choice is printed.
+
+Logging. ``import fairseq`` configures the root logger at DEBUG (a wav2vec module
+calls ``logging.basicConfig(level=DEBUG)``), after which every library that logs at
+DEBUG (matplotlib's font search, PIL, urllib3...) floods the terminal. The CLIs reset
+the root logger to INFO unless ``--verbose`` is given (:func:`configure_logging`,
+called by :func:`residual_fairseq.errors.cli_main`).
+"""
+import logging
+import os
+
+THREADS_ENV = "RESIDUAL_FAIRSEQ_THREADS"
+MAX_DEFAULT_THREADS = 8
+# Third-party loggers that talk at DEBUG/INFO about their own internals.
+NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "h5py", "numexpr")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads():
+    """(threads, where the number came from) when no ``--threads`` is given."""
+    for variable in (THREADS_ENV, "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value), variable
+    cores = available_cores()
+    return max(1, min(MAX_DEFAULT_THREADS, cores // 2)), f"half of {cores} cores"
+
+
+def resolve_threads(requested=None):
+    """(threads, description) for ``--threads requested`` (None: the default)."""
+    if requested is not None:
+        return requested, "--threads"
+    return default_threads()
+
+
+def thread_environment(threads: int, environ=None) -> dict:
+    """A copy of the environment that makes a torch subprocess use ``threads`` threads."""
+    env = dict(os.environ if environ is None else environ)
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[variable] = str(threads)
+    return env
+
+
+def use_threads(requested=None, announce=print) -> int:
+    """Set this process's torch thread count (and the environment its children inherit); say so."""
+    import torch
+
+    threads, source = resolve_threads(requested)
+    torch.set_num_threads(threads)
+    os.environ.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+    if announce:
+        announce(threads_note(threads, source))
+    return threads
+
+
+def threads_note(threads: int, source: str) -> str:
+    return f"note: {threads} CPU thread{'s' if threads != 1 else ''} ({source}; --threads N or {THREADS_ENV}=N to change)"
+
+
+def add_threads_flag(parser):
+    from .argtypes import positive_int
+
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else half the cores)")
+
+
+def add_verbose_flag(parser):
+    parser.add_argument("--verbose", action="store_true", help="also show DEBUG log lines")
+
+
+def undo_debug_logging_of_fairseq_import(level_before: int) -> None:
+    """Put the root logger back from DEBUG to INFO when importing fairseq (not the user) set DEBUG.
+
+    INFO keeps fairseq's own messages; only DEBUG records (matplotlib's font search on
+    import...) are dropped. A root logger the user had set to DEBUG is left alone.
+    """
+    root = logging.getLogger()
+    if root.level == logging.DEBUG and level_before != logging.DEBUG:
+        root.setLevel(logging.INFO)
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Root logger at INFO (DEBUG with ``verbose``); chatty libraries at WARNING unless verbose."""
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)

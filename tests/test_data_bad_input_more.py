@@ -1,0 +1,167 @@
+"""The data CLI's bad-input classes (docs/reliability.md): data loss with --force, values that
+cannot be meant, UTF-16/32 input, mismatched reused files, interrupted runs."""
+import json
+import os
+
+import pytest
+
+from residual_fairseq.data import DataPreparationError, PrepareOptions, prepare
+from residual_fairseq.data.cli import main
+from residual_fairseq.data.textio import read_lines
+from test_data_builders import numbered_pair, write_plain_pair
+
+
+def custom_options(tmp_path, train, out="out", **settings):
+    settings.setdefault("vocab_size", 40)
+    return PrepareOptions(dataset="custom", out=tmp_path / out, source_lang="de", target_lang="en", train=train,
+                          valid_size=3, test_size=3, progress=False, **settings)
+
+
+def cli_error(capsys, argv):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main([str(word) for word in argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def snapshot(directory):
+    return {str(path.relative_to(directory)): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+# --- data loss ----------------------------------------------------------------------------------
+
+def test_force_never_deletes_the_runs_own_inputs(tmp_path, capsys):
+    source, target = write_plain_pair(tmp_path / "indir", 30, stem="a")
+    (tmp_path / "indir" / "unrelated.txt").write_text("mine")
+    before = snapshot(tmp_path / "indir")
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                              "--valid-size", "3", "--test-size", "3", "--vocab-size", "40",
+                              "--out", tmp_path / "indir", "--force", "--quiet"])
+    assert line.startswith("error: --out") and "holds an input of this run" in line
+    assert snapshot(tmp_path / "indir") == before
+
+
+def test_force_replaces_only_an_earlier_preparation_and_nothing_it_did_not_write(tmp_path):
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(DataPreparationError, match="not an earlier residual-fairseq-prepare output"):
+        prepare(custom_options(tmp_path, [source, target], force=True))
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+    (tmp_path / "out" / "manifest.json").write_text('{"name": "some other tool"}')
+    with pytest.raises(DataPreparationError, match="not an earlier residual-fairseq-prepare output"):
+        prepare(custom_options(tmp_path, [source, target], force=True))
+    (tmp_path / "out" / "notes.txt").unlink()
+    (tmp_path / "out" / "manifest.json").unlink()
+
+    prepare(custom_options(tmp_path, [source, target]))
+    (tmp_path / "out" / "bin" / "my-notes.txt").write_text("mine")  # added by the user afterwards
+    with pytest.raises(DataPreparationError, match=r"files an earlier preparation did not write \(bin/my-notes.txt\)"):
+        prepare(custom_options(tmp_path, [source, target], vocab_size=45, force=True))
+    (tmp_path / "out" / "bin" / "my-notes.txt").unlink()
+    replaced = prepare(custom_options(tmp_path, [source, target], vocab_size=45, force=True))
+    assert replaced.manifest["settings"]["vocab_size"] == 45
+
+
+def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path):
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    dead = tmp_path / ".out.partial-999999999"   # no such process
+    alive = tmp_path / f".out.partial-{os.getppid()}"  # a running process: maybe a concurrent run
+    for folder in (dead, alive, tmp_path / ".out.old-999999999"):
+        folder.mkdir()
+        (folder / "big.bin").write_bytes(b"x" * 1000)
+    prepare(custom_options(tmp_path, [source, target]))
+    assert not dead.exists() and not (tmp_path / ".out.old-999999999").exists()
+    assert (alive / "big.bin").is_file()
+
+
+# --- values that cannot be meant ------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-len", "-1"], "argument --max-len: must be at least 1, got -1"),
+    (["--length-ratio", "-1"], "argument --length-ratio: must be 0 or more, got -1"),
+    (["--length-ratio", "nan"], "argument --length-ratio: must be a finite number, got nan"),
+    (["--min-len", "-2"], "argument --min-len: must be at least 0, got -2"),
+    (["--vocab-size", "0"], "argument --vocab-size: must be at least 1, got 0"),
+    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--valid-size", "0"], "argument --valid-size: must be at least 1, got 0"),
+    (["--tsv-columns", "1,1"], "--tsv-columns wants two different numbers"),
+])
+def test_nonsense_numbers_fail_at_parse_time(tmp_path, capsys, flags, message):
+    line = cli_error(capsys, ["--dataset", "sample-es-en", "--out", tmp_path / "out", "--quiet", *flags])
+    assert message in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(max_len=-1), "--max-len must be at least 1, got -1"),
+    (dict(length_ratio=-1.0), "--length-ratio must be a finite number >= 1"),
+    (dict(length_ratio=0.5), "--length-ratio 0.5 is below 1"),
+    (dict(min_len=5, max_len=3), "--min-len 5 is above --max-len 3"),
+])
+def test_nonsense_numbers_fail_in_the_python_api(tmp_path, settings, message):
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    with pytest.raises(DataPreparationError, match=message):
+        prepare(custom_options(tmp_path, [source, target], **settings))
+
+
+def test_cleaning_that_leaves_nothing_to_train_on_is_an_error(tmp_path):
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    # Every numbered pair has more than 2 subword tokens after segmentation: nothing survives.
+    with pytest.raises(DataPreparationError, match="no (train|valid|test) pairs left"):
+        prepare(custom_options(tmp_path, [source, target], subword="spm-bpe", max_len=2))
+    assert not (tmp_path / "out").exists()
+
+
+# --- text encodings ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_byte_order_marked_files_are_decoded(tmp_path, encoding):
+    lines = ["Grüße aus Köln", "", "zweite Zeile ñ"]
+    path = tmp_path / "text.txt"
+    data = "".join(line + "\n" for line in lines).encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
+    path.write_bytes(data)
+    assert read_lines(path) == lines
+
+
+def test_utf16_corpus_prepares_like_its_utf8_copy(tmp_path):
+    pairs = [numbered_pair(index) for index in range(1, 31)]
+    for name, encoding in (("utf8", "utf-8"), ("utf16", "utf-16")):
+        for side, lang in ((0, "de"), (1, "en")):
+            text = "".join(pair[side] + "\n" for pair in pairs)
+            (tmp_path / f"{name}.{lang}").write_bytes(text.encode(encoding))
+    reference = prepare(custom_options(tmp_path, [tmp_path / "utf8.de", tmp_path / "utf8.en"], out="a"))
+    wide = prepare(custom_options(tmp_path, [tmp_path / "utf16.de", tmp_path / "utf16.en"], out="b"))
+    assert wide.manifest["skipped"] == {} and wide.manifest["splits"] == reference.manifest["splits"]
+    assert (wide.out_dir / "tok" / "train.de").read_text() == (reference.out_dir / "tok" / "train.de").read_text()
+
+
+# --- things that do not fit together --------------------------------------------------------------
+
+def test_reused_files_of_the_wrong_kind(tmp_path, capsys):
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    base = ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target, "--valid-size", "3",
+            "--test-size", "3", "--quiet"]
+    not_a_dict = tmp_path / "dict.txt"
+    not_a_dict.write_text("hello world and more\n")
+    assert "is not a fairseq dictionary: line 1" in cli_error(
+        capsys, base + ["--out", tmp_path / "o1", "--srcdict", not_a_dict, "--tgtdict", not_a_dict])
+    codes = tmp_path / "bpe.codes"
+    codes.write_text("#version: 0.2\nthis is not a merge line\n")
+    assert "is not a subword-nmt codes file: line 2" in cli_error(
+        capsys, base + ["--out", tmp_path / "o2", "--subword-model", codes])
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"\x00garbage" * 10)
+    assert "is not a sentencepiece model" in cli_error(capsys, base + ["--out", tmp_path / "o3", "--subword-model", spm])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"version": 3, "files": ["a"]}))
+    assert "is not one residual-fairseq-prepare wrote" in cli_error(capsys, base + ["--out", tmp_path / "o4", "--reuse", other])
+    (other / "manifest.json").write_text("[1, 2]")
+    assert "is not a readable manifest" in cli_error(capsys, base + ["--out", tmp_path / "o5", "--reuse", other])
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
