@@ -37,7 +37,7 @@ from typing import List, Optional
 from . import USER_DIR, configs
 from .errors import UserError, cli_main
 from .safe_checkpoints import repair_last_checkpoint, verify_checkpoint_file
-from .variants import VARIANTS
+from .variants import VARIANTS, needs_profile
 
 LOG_NAME = "train.log"
 RUN_RECORD_NAME = "run.json"
@@ -99,6 +99,8 @@ def plan(request: TrainRequest) -> TrainPlan:
     }
     if request.seed is not None:
         overrides["common"]["seed"] = request.seed
+    if needs_profile(request.variant):
+        overrides["model"] = {"admin_profile": str(admin_profile_path(save_dir))}
     if request.source_lang or request.target_lang:
         overrides["task"].update(source_lang=request.source_lang, target_lang=request.target_lang)
     settings = configs.load(request.dataset, request.variant, request.layers, overrides)
@@ -133,6 +135,26 @@ def plan(request: TrainRequest) -> TrainPlan:
         commands = [shared + ["--distributed-rank", str(rank)] for rank in range(request.nprocs)]
         notes.append(f"{request.nprocs} CPU processes: gloo ranks started by hand, legacy_ddp")
     return TrainPlan(commands, notes, settings)
+
+
+def admin_profile_path(save_dir) -> Path:
+    from .admin_profile import PROFILE_NAME
+
+    return Path(save_dir) / PROFILE_NAME
+
+
+def ensure_admin_profile(request: TrainRequest, train_plan: TrainPlan) -> None:
+    """Admin's first step: profile the omegas into SAVE_DIR, unless already there or resuming."""
+    from .admin_profile import profile_for_training
+
+    path = admin_profile_path(request.save_dir)
+    if path.is_file() or (Path(request.save_dir) / "checkpoint_last.pt").is_file():
+        return
+    command = list(train_plan.commands[0][1:])
+    index = command.index("--admin-profile")
+    del command[index:index + 2]
+    print(f"profiling Admin's omegas on the first training batch -> {path}", flush=True)
+    profile_for_training(command, path)
 
 
 def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:
@@ -220,6 +242,8 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     if last.exists():
         verify_checkpoint_file(last)
     write_run_record(request, train_plan)
+    if needs_profile(request.variant):
+        ensure_admin_profile(request, train_plan)
     returncode = execute(train_plan, Path(request.save_dir))
     if returncode != 0:
         raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")
