@@ -31,7 +31,7 @@ from typing import List, Optional
 from . import configs, train
 from .atomic import atomic_output, write_text_atomically
 from .errors import UserError, cli_main
-from .variants import VARIANTS
+from .variants import COLOURS, VARIANTS
 
 RESULT_NAME = "result.json"
 METRICS = (  # (column, label in the markdown table)
@@ -221,7 +221,7 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
 
     datasets = list(dict.fromkeys(run.dataset for run in runs))
     figure, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.6 * len(datasets)), squeeze=False)
-    colours = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green")))
+    colours = COLOURS  # the same colour per variant in every tool's plots
     styles = {}
     for run in runs:
         curve = validation_curve(run.save_dir / train.LOG_NAME)

@@ -35,10 +35,10 @@ def build_parser():
     p.add_argument("--target-lang")
     g = p.add_argument_group("models")
     g.add_argument("--variants", nargs="*", choices=VARIANTS, default=None,
-                   help="fresh models to build (default: all three, or none when --checkpoint is given)")
+                   help="fresh models to build (default: all of them, or none when --checkpoint is given)")
     g.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                    help="also analyse a trained checkpoint under LABEL (repeatable); "
-                        "labels post_ln/pre_ln/resi_dual get those variants' colours")
+                        "labels that name a variant (post_ln, deepnet, ...) get that variant's colour")
     g.add_argument("--preset", default="", help="fairseq architecture suffix the sizes start from, "
                                                 "e.g. iwslt_de_en (default: transformer base)")
     g.add_argument("--layers", type=int, help="encoder and decoder layers")
@@ -135,9 +135,13 @@ def main(argv=None):
         embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads, dropout=args.dropout,
     )
     models = {}
+    # Admin's omegas are profiled on the first training batch, as its training starts.
+    first_train_batch = (lambda: [next(training_batches(task, "train", args.max_tokens, args.seed))]) \
+        if "admin" in variants else None
     for variant in variants:
         models[variant] = lambda v=variant: fresh_model(
-            v, task, seed=args.seed, preset=args.preset, dual_scale=args.dual_scale, **sizes)
+            v, task, seed=args.seed, preset=args.preset, dual_scale=args.dual_scale,
+            profile_batches=first_train_batch() if v == "admin" else None, **sizes)
     for label, path in checkpoints.items():
         if label in models:
             raise UserError(f"label {label!r} names both a fresh variant and a checkpoint")
