@@ -61,6 +61,7 @@ setup(
             "residual-fairseq-train = residual_fairseq.train:main",
             "residual-fairseq-evaluate = residual_fairseq.evaluate:main",
             "residual-fairseq-average-checkpoints = residual_fairseq.average_checkpoints:main",
+            "residual-fairseq-convert = residual_fairseq.convert:main",
             "residual-fairseq-reproduce = residual_fairseq.reproduce:main",
             "residual-fairseq-finetune = residual_fairseq.finetune:main",
             "residual-fairseq-translate = residual_fairseq.translate:main",

@@ -5,8 +5,9 @@ The averaged checkpoint is the newest input's full state (config, training state
 with every model tensor replaced by the element-wise mean over the inputs, so
 fairseq-generate, fairseq-interactive and ``from_pretrained`` load it like any other.
 
-Files are read with ``torch.load(weights_only=True)``: importing this module imports
-``residual_fairseq``, which allowlists the few globals fairseq checkpoints hold.
+Every input is read once and checked before it is unpickled
+(:func:`residual_fairseq.safe_checkpoints.read_checkpoint`: no code, no memory bombs,
+a fairseq layout), and the inputs must agree in parameter names, shapes and dtypes.
 
     residual-fairseq-average-checkpoints --inputs checkpoints/ --num-epoch-checkpoints 5 \\
         --output checkpoints/checkpoint.avg5.pt
@@ -14,7 +15,6 @@ Files are read with ``torch.load(weights_only=True)``: importing this module imp
 import argparse
 import collections
 import os
-import pickle
 import re
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -23,7 +23,7 @@ import torch
 
 from .atomic import atomic_output
 from .errors import UserError, cli_main
-from .safe_checkpoints import verify_checkpoint_file
+from .safe_checkpoints import read_checkpoint
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")      # checkpoint_3_5000.pt
@@ -52,44 +52,54 @@ def last_n_checkpoints(directory, n: int, update_based: bool = False, upper_boun
 
 
 def load_checkpoint_file(path) -> dict:
-    """One checkpoint file, on CPU, without unpickling anything but tensors and plain data."""
+    """One checkpoint file, on CPU: read once, checked, unpickled from the checked bytes
+    (:func:`~residual_fairseq.safe_checkpoints.read_checkpoint`)."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory: give checkpoint files, or --num-epoch-checkpoints N")
-    verify_checkpoint_file(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"cannot read checkpoint {path}: {first_line}") from err
-    if not isinstance(state, dict) or "model" not in state:
-        raise UserError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
-    return state
+    return read_checkpoint(path)
+
+
+def check_same_model(params, reference, path, reference_path) -> None:
+    """Raise :class:`UserError` unless ``params`` has exactly ``reference``'s names, shapes and dtypes."""
+    if list(params) != list(reference):
+        missing = sorted(set(reference) - set(params))[:3]
+        extra = sorted(set(params) - set(reference))[:3]
+        detail = ", ".join([f"missing {n}" for n in missing] + [f"extra {n}" for n in extra])
+        raise UserError(f"{path} holds different parameters than {reference_path}: not the same model"
+                        + (f" ({detail})" if detail else " (other order)"))
+    for name, tensor in params.items():
+        shape, dtype = reference[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise UserError(f"{path} and {reference_path} disagree on {name}: {tuple(tensor.shape)} {tensor.dtype} "
+                            f"vs {shape} {dtype}: not the same model")
 
 
 def average_checkpoints(paths: Sequence[str]) -> dict:
     """The state of ``paths[0]`` with its model parameters averaged over all ``paths``.
 
-    Sums are kept in float32 (half-precision inputs too) and cast back to each
-    tensor's own dtype; integer buffers get the floor of the mean, as in fairseq.
+    Every input must hold the same parameter names, shapes and dtypes. Sums are kept
+    in float32 (half-precision inputs too) and cast back to each tensor's own dtype;
+    integer buffers get the floor of the mean, as in fairseq.
     """
     if not paths:
         raise UserError("no checkpoints to average")
-    new_state, sums, dtypes = None, collections.OrderedDict(), {}
+    new_state, sums, reference = None, collections.OrderedDict(), {}
     for path in paths:
         state = load_checkpoint_file(path)
         params = state["model"]
         if new_state is None:
             new_state = state
-            dtypes = {name: tensor.dtype for name, tensor in params.items()}
-        elif list(params) != list(sums):
-            raise UserError(f"{path} holds different parameters than {paths[0]}: not the same model")
+            reference = {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in params.items()}
+        else:
+            check_same_model(params, reference, path, paths[0])
         for name, tensor in params.items():
             tensor = tensor.float() if tensor.is_floating_point() else tensor
             sums[name] = tensor.clone() if name not in sums else sums[name] + tensor
+        del state, params
     averaged = collections.OrderedDict()
     for name, total in sums.items():
         mean = total / len(paths) if total.is_floating_point() else total // len(paths)
-        averaged[name] = mean.to(dtypes[name])
+        averaged[name] = mean.to(reference[name][1])
     new_state["model"] = averaged
     return new_state
 

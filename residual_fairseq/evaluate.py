@@ -25,6 +25,7 @@ CLI::
     residual-fairseq-evaluate checkpoints/ data-bin/ --last-n 5 --subword sentencepiece
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -81,6 +83,23 @@ def resolve_checkpoint(checkpoint, last_n: Optional[int] = None, update_based: b
     sources = average_last_checkpoints(checkpoint, last_n, averaged_path, update_based)
     print(f"averaged {len(sources)} checkpoints into {averaged_path}:\n  " + "\n  ".join(sources), flush=True)
     return averaged_path, sources
+
+
+@contextlib.contextmanager
+def unsplittable_path(checkpoint):
+    """A name for ``checkpoint`` that fairseq's ``--path`` does not split into an ensemble.
+
+    fairseq splits ``--path`` on ``:``; a file whose path holds one is passed as a
+    symlink in a temporary directory instead. (fairseq-generate, with the plugin,
+    checks the file again when it opens it.)
+    """
+    if os.pathsep not in str(checkpoint):
+        yield checkpoint
+        return
+    with tempfile.TemporaryDirectory(prefix="residual-fairseq-evaluate.") as tmp:
+        link = Path(tmp) / "checkpoint.pt"
+        link.symlink_to(Path(checkpoint).resolve())
+        yield link
 
 
 def fairseq_generate_executable():
@@ -258,9 +277,10 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     stem = out_json.with_suffix("")
     generate_output = Path(f"{stem}.generate.txt")
 
-    command = generate_command(checkpoint_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
-                               subword, cpu, user_dir, generate_args)
-    run_generate(command, generate_output)
+    with unsplittable_path(checkpoint_path) as generate_path:
+        command = generate_command(generate_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
+                                   subword, cpu, user_dir, generate_args)
+        run_generate(command, generate_output)
     expected = binarized_size(data_bin, subset)
     scores = score_generate_output(generate_output, detok_lang=detok_lang, compound_split=compound_split,
                                    reference=reference, hypotheses_path=Path(f"{stem}.hyp.txt"))

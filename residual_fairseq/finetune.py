@@ -25,7 +25,7 @@ from typing import List, Optional
 
 from . import train
 from .errors import UserError, cli_main
-from .safe_checkpoints import verify_checkpoint_file
+from .safe_checkpoints import read_checkpoint
 
 
 class VocabularyMismatch(UserError):
@@ -72,11 +72,9 @@ class OriginalVocabulary:
 
 
 def embedding_rows(checkpoint: Path) -> dict:
-    """Rows of the checkpoint's source and target embedding tables."""
-    import torch
-
-    state = torch.load(verify_checkpoint_file(checkpoint), map_location="cpu", weights_only=True)
-    weights = state.get("model", {})
+    """Rows of the checkpoint's source and target embedding tables (the file is checked
+    before it is unpickled: :func:`~residual_fairseq.safe_checkpoints.read_checkpoint`)."""
+    weights = read_checkpoint(checkpoint)["model"]
     rows = {}
     for side, key in (("source", "encoder.embed_tokens.weight"), ("target", "decoder.embed_tokens.weight")):
         if key not in weights:
@@ -91,9 +89,10 @@ def dictionary_size(path: Path) -> int:
     return len(Dictionary.load(str(path)))
 
 
-def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path) -> None:
-    """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings."""
-    rows = embedding_rows(checkpoint)
+def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path, rows: Optional[dict] = None) -> None:
+    """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings
+    (``rows``: :func:`embedding_rows` of the checkpoint, if already known)."""
+    rows = rows or embedding_rows(checkpoint)
     for side, path in (("source", srcdict), ("target", tgtdict)):
         size = dictionary_size(path)
         if size != rows[side]:
@@ -128,13 +127,13 @@ def original_run(request: FinetuneRequest):
     return config, Path(vocab_from)
 
 
-def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary) -> Path:
+def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary, rows: Optional[dict] = None) -> Path:
     """Prepare the new pair with the original subword model and dictionaries; returns bin/."""
     from .data import PrepareOptions, prepare
 
     srcdict = vocabulary.dictionary_for(request.source_lang)
     tgtdict = vocabulary.dictionary_for(request.target_lang)
-    check_compatible(Path(request.checkpoint), srcdict, tgtdict)
+    check_compatible(Path(request.checkpoint), srcdict, tgtdict, rows)
     options = PrepareOptions(
         dataset=request.dataset, out=Path(request.data_out), source_lang=request.source_lang,
         target_lang=request.target_lang, subword_model=vocabulary.subword_model,
@@ -148,11 +147,12 @@ def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan
     """Prepare the new pair (also in a dry run: training needs its dictionaries) and train."""
     if not Path(request.checkpoint).is_file():
         raise UserError(f"checkpoint not found: {request.checkpoint}")
+    rows = embedding_rows(Path(request.checkpoint))  # checks the checkpoint before anything is written
     (dataset, variant, layers), vocab_from = original_run(request)
     vocabulary = OriginalVocabulary.from_prepared(vocab_from)
     print(f"fine-tuning {variant} {layers}L ({dataset} config) on {request.dataset} "
           f"{request.source_lang}->{request.target_lang} with the vocabulary of {vocab_from}", flush=True)
-    bin_dir = prepare_new_pair(request, vocabulary)
+    bin_dir = prepare_new_pair(request, vocabulary, rows)
     train_request = train.TrainRequest(
         dataset, variant, int(layers), bin_dir, Path(request.save_dir), nprocs=request.nprocs,
         source_lang=request.source_lang, target_lang=request.target_lang,

@@ -22,10 +22,15 @@ CLI::
         --data data/iwslt14/bin --save-dir checkpoints/iwslt-resi_dual-12 -- --max-epoch 50
 """
 import argparse
+import contextlib
+import ctypes
+import fcntl
 import json
+import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -36,7 +41,7 @@ from typing import List, Optional
 
 from . import USER_DIR, configs
 from .errors import UserError, cli_main
-from .safe_checkpoints import repair_last_checkpoint, verify_checkpoint_file
+from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
 from .variants import VARIANTS, needs_profile
 
 LOG_NAME = "train.log"
@@ -114,7 +119,7 @@ def plan(request: TrainRequest) -> TrainPlan:
         notes.append(f"{reason}: training on CPU"
                      + (f" without {', '.join(dropped)} (they need CUDA)" if dropped else ""))
     if (save_dir / "checkpoint_last.pt").is_file():
-        notes.append(f"resuming from {save_dir / 'checkpoint_last.pt'}")
+        notes.append(f"fairseq will resume from {save_dir / 'checkpoint_last.pt'}")
 
     base = [fairseq_train_executable()] + configs.fairseq_train_args(settings) + list(request.extra_args)
     if request.nprocs > 1:
@@ -191,39 +196,154 @@ def _copy_output(process, log_path: Path, to_console: bool):
                 sys.stdout.flush()
 
 
-def execute(train_plan: TrainPlan, save_dir: Path) -> int:
+LOCK_NAME = ".residual-fairseq-train.lock"
+# After forwarding SIGTERM/SIGINT, how long fairseq-train gets to stop before SIGKILL.
+STOP_GRACE_SECONDS = 30
+
+
+@contextlib.contextmanager
+def save_dir_lock(save_dir):
+    """Hold ``SAVE_DIR/.residual-fairseq-train.lock`` (``flock``) or refuse with one line.
+
+    The kernel releases the lock when the last process holding it ends, however it
+    ends (SIGKILL included); the fairseq-train children hold it too, so the save dir
+    stays locked until they are gone. Yields the lock's file descriptor.
+    """
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    path = save_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise UserError(f"{save_dir} is in use by another training run (pid {holder or '?'} holds {path}): "
+                            "wait for it to end, or choose another --save-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _die_with_the_driver():
+    """``preexec_fn`` for fairseq-train: the kernel SIGKILLs it when the driver dies, even by SIGKILL."""
+    driver = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the process-group forwarding still applies
+        return None
+    PR_SET_PDEATHSIG = 1
+
+    def setup():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != driver:  # the driver died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+@contextlib.contextmanager
+def _forwarding_stop_signals(processes):
+    """While the block runs, SIGTERM/SIGINT to the driver go to each child's process group;
+    yields a list that receives the signal numbers received."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def forward(signum, _frame):
+        received.append(signum)
+        for process in processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None) -> int:
     """Run the plan's processes (all at once) and return the first non-zero status, else 0.
 
     Rank 0's output goes to the console and ``SAVE_DIR/train.log``; rank R's to
-    ``SAVE_DIR/train.rankR.log``.
+    ``SAVE_DIR/train.rankR.log``. Each process runs in its own process group and dies
+    with the driver: SIGTERM/SIGINT are forwarded to the groups (the driver then ends
+    by the same signal), and a driver killed outright takes them with it
+    (``PR_SET_PDEATHSIG``). ``lock_fd`` (the save dir's lock) is inherited by the children.
     """
-    processes, copiers = [], []
-    try:
-        for rank, command in enumerate(train_plan.commands):
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       errors="replace")
-            log_path = save_dir / (LOG_NAME if rank == 0 else f"train.rank{rank}.log")
-            copier = threading.Thread(target=_copy_output, args=(process, log_path, rank == 0), daemon=True)
-            copier.start()
-            processes.append(process)
-            copiers.append(copier)
-        while True:
-            codes = [process.poll() for process in processes]
-            failed = [code for code in codes if code not in (None, 0)]
-            if failed or all(code == 0 for code in codes):
-                break
-            time.sleep(0.5)
-    except FileNotFoundError as err:
-        raise UserError(f"{err.filename} not found: is fairseq installed in this environment?") from None
-    finally:
-        # One failed rank leaves the others waiting forever on a collective.
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
+    processes, copiers, failed = [], [], []
+    with _forwarding_stop_signals(processes) as received:
+        try:
+            for command in train_plan.commands:
+                processes.append(subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                    start_new_session=True, preexec_fn=_die_with_the_driver(),
+                    pass_fds=() if lock_fd is None else (lock_fd,),
+                ))
+            # Threads start after the forks: preexec_fn is only safe without other threads.
+            for rank, process in enumerate(processes):
+                log_path = save_dir / (LOG_NAME if rank == 0 else f"train.rank{rank}.log")
+                copier = threading.Thread(target=_copy_output, args=(process, log_path, rank == 0), daemon=True)
+                copier.start()
+                copiers.append(copier)
+            stop_deadline = None
+            while True:
+                codes = [process.poll() for process in processes]
+                failed = [code for code in codes if code not in (None, 0)]
+                if all(code is not None for code in codes) or (failed and not received):
+                    break
+                if received and stop_deadline is None:
+                    stop_deadline = time.monotonic() + STOP_GRACE_SECONDS
+                if stop_deadline is not None and time.monotonic() > stop_deadline:
+                    _kill_groups(processes, signal.SIGKILL)
+                time.sleep(0.2)
+        except FileNotFoundError as err:
+            raise UserError(f"{err.filename} not found: is fairseq installed in this environment?") from None
+        finally:
+            # One failed rank leaves the others waiting forever on a collective.
+            _kill_groups(processes, signal.SIGTERM)
+            for process in processes:
                 process.wait()
-        for copier in copiers:
-            copier.join(timeout=10)
+            for copier in copiers:
+                copier.join(timeout=10)
+    if received:
+        signal.raise_signal(received[0])  # die as the signal asked (SIGINT: KeyboardInterrupt)
     return failed[0] if failed else 0
+
+
+def _kill_groups(processes, signum):
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signum)
+
+
+def resume_note(save_dir) -> Optional[str]:
+    """Check the checkpoint fairseq will resume from, repairing a truncated one; say which.
+
+    fairseq resumes from ``SAVE_DIR/checkpoint_last.pt`` only. A truncated one is
+    replaced by the newest valid checkpoint fairseq wrote for the run
+    (:func:`~residual_fairseq.safe_checkpoints.repair_last_checkpoint`: never averaged
+    checkpoints or other files); any other problem is a one-line error.
+    """
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if not last.exists():
+        return None
+    repaired_from = repair_last_checkpoint(save_dir)
+    state = read_checkpoint(last)
+    history = state.get("optimizer_history") or [{}]
+    epoch = (state.get("extra_state") or {}).get("train_iterator", {}).get("epoch", "?")
+    progress = f"epoch {epoch}, {history[-1].get('num_updates', '?')} updates"
+    if repaired_from is not None:
+        return (f"{last} was truncated (a crash while fairseq copied it); resuming from {repaired_from} "
+                f"({progress}), copied to {last.name}")
+    return f"resuming from {last} ({progress})"
 
 
 def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
@@ -234,17 +354,14 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     print(("would run" if dry_run else "running") + ":\n" + train_plan.describe(), flush=True)
     if dry_run:
         return train_plan
-    last = Path(request.save_dir) / "checkpoint_last.pt"
-    repaired_from = repair_last_checkpoint(request.save_dir)
-    if repaired_from is not None:
-        print(f"note: {last} was truncated (a crash while fairseq copied it); resuming from {repaired_from}",
-              flush=True)
-    if last.exists():
-        verify_checkpoint_file(last)
-    write_run_record(request, train_plan)
-    if needs_profile(request.variant):
-        ensure_admin_profile(request, train_plan)
-    returncode = execute(train_plan, Path(request.save_dir))
+    with save_dir_lock(request.save_dir) as lock_fd:
+        note = resume_note(request.save_dir)
+        if note:
+            print(f"note: {note}", flush=True)
+        write_run_record(request, train_plan)
+        if needs_profile(request.variant):
+            ensure_admin_profile(request, train_plan)
+        returncode = execute(train_plan, Path(request.save_dir), lock_fd)
     if returncode != 0:
         raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")
     return train_plan

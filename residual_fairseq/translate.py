@@ -1,7 +1,7 @@
 """Translate text with a trained ResiDual checkpoint, from Python or the command line.
 
-A thin layer over fairseq's hub interface (``ResiDualModel.from_pretrained``, i.e.
-``fairseq.hub_utils``): the checkpoint, its dictionaries, its subword model
+A thin layer over fairseq's hub interface (``fairseq.hub_utils.GeneratorHubInterface``,
+what ``ResiDualModel.from_pretrained`` returns, built from a verified checkpoint): the checkpoint, its dictionaries, its subword model
 (subword-nmt codes or sentencepiece) and, when the data were Moses-tokenized, the
 tokenizer, so raw text goes in and detokenized text comes out::
 
@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from .errors import UserError, cli_main
-from .safe_checkpoints import verify_checkpoint_file
-from .models import ResiDualModel
+from .safe_checkpoints import WeightsMismatchError, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
 # residual-fairseq-prepare output directory), and fairseq's --bpe name for each.
@@ -112,7 +111,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
-    verify_checkpoint_file(checkpoint)
+    state = read_checkpoint(checkpoint)  # the file is read (and checked) once, before anything else
     data = Path(data) if data is not None else checkpoint.parent
     if not data.is_dir() or not any(data.glob("dict.*.txt")):
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
@@ -136,16 +135,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         if not path or not Path(path).is_file():
             raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
         overrides[option] = str(Path(path).resolve())
-    try:
-        hub = ResiDualModel.from_pretrained(
-            str(checkpoint.parent.resolve()), checkpoint_file=checkpoint.name, data_name_or_path=str(data.resolve()),
-            bpe=bpe, tokenizer=tokenizer, **overrides,
-        )
-    except RuntimeError as err:
-        mismatch = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
-        if not mismatch:
-            raise
-        raise UserError(f"the dictionaries in {data} do not match checkpoint {checkpoint}: {mismatch[0]}") from None
+    hub = load_hub(checkpoint, data, state=state, bpe=bpe, tokenizer=tokenizer, **overrides)
     if cpu is None:
         import torch
 
@@ -154,6 +144,21 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         hub.cuda()
     hub.eval()
     return Translator(hub)
+
+
+def load_hub(checkpoint, data, state=None, **overrides):
+    """fairseq's hub interface for one checkpoint file, as ``from_pretrained`` builds it,
+    but opened once and verified (:func:`~residual_fairseq.safe_checkpoints.load_models`;
+    ``state``: its :func:`~residual_fairseq.safe_checkpoints.read_checkpoint` result, if
+    already read). ``from_pretrained`` would split the file name on ``:`` into an ensemble."""
+    from fairseq.hub_utils import GeneratorHubInterface
+
+    try:
+        models, cfg, task = load_models(checkpoint, arg_overrides={"data": str(Path(data).resolve()), **overrides},
+                                        state=state)
+    except WeightsMismatchError as err:
+        raise UserError(f"the dictionaries in {data} do not match checkpoint {checkpoint}: {err.detail}") from None
+    return GeneratorHubInterface(cfg, task, models)
 
 
 def build_parser():

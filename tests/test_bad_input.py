@@ -133,10 +133,10 @@ def test_invalid_option_values(capsys, toy_data_bin, tmp_path):
         "--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "0", "--data", toy_data_bin,
         "--save-dir", tmp_path / "ck", "--dry-run"])
     assert "--layers must be at least 1" in user_error(capsys, analysis.main, [toy_data_bin, "--out", tmp_path / "a", "--layers", "0"])
-    assert "must be a positive number, got -1" in user_error(
+    assert "must be a finite positive number, got -1" in user_error(
         capsys, analysis.main, [toy_data_bin, "--out", tmp_path / "b", "--dual-scale", "-1"])
     assert "expected positive integers" in user_error(capsys, benchmark.main, ["depth", "--data", toy_data_bin, "--depths", "0"])
     proc = run([fairseq_cli("fairseq-train"), toy_data_bin, "--user-dir", USER_DIR, "--arch", "resi_dual_tiny",
                 "--cpu", "--encoder-layers", "0"], check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith("argument --encoder-layers: must be a positive number, got 0")
+    assert proc.stderr.strip().splitlines()[-1].endswith("argument --encoder-layers: must be a finite positive number, got 0")

@@ -270,6 +270,10 @@ def test_oversized_or_missing_profile_is_refused(tmp_path):
         admin_module.read_profile(big)
     with pytest.raises(ModelConfigError, match="model-overrides"):
         build_model("admin", admin_profile=str(tmp_path / "missing.json"), **SMALL)
+    with pytest.raises(ModelConfigError, match="not a regular file"):
+        admin_module.read_profile("/dev/zero")  # would never end
+    with pytest.raises(ModelConfigError, match="not a regular file"):
+        admin_module.read_profile(tmp_path)
 
 
 # --- decoding ---------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ def ffn(layer, x):
     return layer.fc2(layer.activation_fn(layer.fc1(x)))
 
 
-def reference_encoder(encoder, src_tokens, s, layers=None, drop_dual_term=None):
-    """``layers``: the layers that run (LayerDrop); ``drop_dual_term``: a dual add to leave out."""
+def reference_encoder(encoder, src_tokens, s, layers=None, drop_dual_term=None, final_norm_eps=None):
+    """``layers``: the layers that run (LayerDrop); ``drop_dual_term``: a dual add to leave out;
+    ``final_norm_eps``: LN_final's epsilon, if not the model's own."""
     pad = src_tokens.eq(encoder.padding_idx)
     x, _ = encoder.forward_embedding(src_tokens)
     x = (x * (~pad).unsqueeze(-1).type_as(x)).transpose(0, 1)
@@ -37,17 +38,20 @@ def reference_encoder(encoder, src_tokens, s, layers=None, drop_dual_term=None):
         f = ffn(layer, x)
         terms += 1
         d, x = d + (0 if terms == drop_dual_term else s * f), layer.final_layer_norm(x + f)
+    if final_norm_eps is not None:
+        norm = encoder.layer_norm
+        return x + torch.nn.functional.layer_norm(d, d.shape[-1:], norm.weight, norm.bias, final_norm_eps)
     return x + encoder.layer_norm(d)
 
 
-def reference_decoder_features(decoder, prev_tokens, enc_out, enc_pad, s):
+def reference_decoder_features(decoder, prev_tokens, enc_out, enc_pad, s, layers=None):
     t = prev_tokens.size(1)
     x = decoder.embed_scale * decoder.embed_tokens(prev_tokens) + decoder.embed_positions(prev_tokens)
     x = x.transpose(0, 1)
     causal = torch.triu(torch.full((t, t), float("-inf")), 1)
     self_pad = prev_tokens.eq(decoder.padding_idx)
     d = s * x
-    for layer in decoder.layers:
+    for layer in decoder.layers if layers is None else layers:
         f = layer.self_attn(query=x, key=x, value=x, key_padding_mask=self_pad, attn_mask=causal)[0]
         d, x = d + s * f, layer.self_attn_layer_norm(x + f)
         f = layer.encoder_attn(query=x, key=enc_out, value=enc_out, key_padding_mask=enc_pad, static_kv=True)[0]
@@ -143,3 +147,19 @@ def test_dual_scale_does_not_change_the_output(scale):
         out_a = torch.log_softmax(a(src, lengths, prev)[0], -1)
         out_b = torch.log_softmax(b(src, lengths, prev)[0], -1)
     torch.testing.assert_close(out_a, out_b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.05])
+def test_matches_the_authors_definition_at_s_1(scale):
+    """The authors' final norm: eps 1e-7 at s = 1. Any s here gives that model's output."""
+    model = build_model("resi_dual", dual_scale_encoder=scale, **SMALL)
+    randomise_norms(model)
+    model.eval()
+    src, lengths, _ = random_batch(model)
+    with torch.no_grad():
+        out = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        authors = reference_encoder(model.encoder, src, 1.0, final_norm_eps=1e-7)
+        fairseq_eps = reference_encoder(model.encoder, src, scale, final_norm_eps=1e-5)
+    torch.testing.assert_close(out, authors, rtol=0, atol=1e-5)
+    if scale != 1.0:  # an unscaled eps would not do: the guard above can fail
+        assert not torch.allclose(out, fairseq_eps, rtol=0, atol=1e-5)

@@ -1,10 +1,9 @@
 """The models to analyse: fresh models of any variant, or trained checkpoints."""
 import torch
-from fairseq import checkpoint_utils
 
 from ..errors import UserError
-from ..safe_checkpoints import verify_checkpoint_file
 from ..models.admin import profile_omegas
+from ..safe_checkpoints import WeightsMismatchError, load_models
 from ..variants import VARIANTS, build_model, needs_profile
 
 # Size options of the CLI -> fairseq model options they set on both stacks.
@@ -52,12 +51,11 @@ def fresh_model(variant, task, seed=1, preset="", dual_scale=None, profile_batch
 
 
 def load_checkpoint(path, task):
-    """A trained model from a fairseq checkpoint, built for ``task``'s dictionaries."""
-    path = verify_checkpoint_file(path)
+    """A trained model from a fairseq checkpoint, built for ``task``'s dictionaries
+    (the file is read once and checked: :func:`~residual_fairseq.safe_checkpoints.load_models`)."""
     try:
-        models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(path)], task=task)
-    except RuntimeError as err:
+        models, _cfg, _task = load_models(path, task=task)
+    except WeightsMismatchError as err:
         # Typically "size mismatch for encoder.embed_tokens.weight": other dictionaries.
-        first_line = str(err).strip().splitlines()[-1].strip()
-        raise UserError(f"checkpoint {path} does not fit the data dir's dictionaries: {first_line}") from err
+        raise UserError(f"checkpoint {path} does not fit the data dir's dictionaries: {err.detail}") from None
     return models[0]

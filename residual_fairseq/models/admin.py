@@ -32,6 +32,7 @@ so; a checkpoint carries its trained omegas in its weights either way.
 import json
 import logging
 import math
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -119,17 +120,26 @@ def read_profile(path) -> Dict[str, List[List[float]]]:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except OSError as err:
         raise ModelConfigError(
             f"Admin profile {path}: {err.strerror or err} (loading a trained checkpoint? its omegas are "
             "in its weights: pass --model-overrides \"{'admin_profile': None}\")"
         ) from None
-    if size > MAX_PROFILE_BYTES:
-        raise ModelConfigError(f"Admin profile {path} is {size} bytes, more than any profile needs")
+    # A regular file only: a device or a pipe named by a (hostile) config could block or never end.
+    if not stat.S_ISREG(info.st_mode):
+        raise ModelConfigError(f"Admin profile {path} is not a regular file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as err:
+        raise ModelConfigError(f"Admin profile {path}: {err.strerror or err}") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ModelConfigError(f"Admin profile {path} is larger than {MAX_PROFILE_BYTES} bytes, "
+                               "more than any profile needs")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).splitlines()[0]
         raise ModelConfigError(f"Admin profile {path} is not a valid JSON profile: {reason}") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
@@ -297,6 +307,8 @@ class AdminModel(PostLNFamilyModel):
 
     @classmethod
     def after_build(cls, model, cfg) -> None:
+        if cfg.admin_profile is not None and not isinstance(cfg.admin_profile, str):
+            raise ModelConfigError(f"--admin-profile must be a file name, got {cfg.admin_profile!r}")
         if cfg.admin_profile:
             apply_profile(model, read_profile(cfg.admin_profile), source=f"profile {cfg.admin_profile}")
             logger.info(f"Admin omegas initialised from {cfg.admin_profile}")

@@ -1,0 +1,185 @@
+"""Turn a checkpoint of the paper's authors' fairseq implementation into a ``resi_dual`` one.
+
+Their fairseq 0.12.2 code stores ResiDual as a fairseq transformer with four extra
+options and fairseq's parameter names throughout:
+
+    enc_res_input_norm_scale, dec_res_input_norm_scale   ->  dual_scale_encoder, dual_scale_decoder
+    enc_alpha, dec_alpha                                 ->  main_alpha_encoder, main_alpha_decoder
+    encoder.layer_norm.{weight,bias}  (LN_final of d)    ->  the same names here
+
+So the weights carry over as they are; the stored config gets the project's option
+names and a ``resi_dual*`` architecture (``transformer_X`` becomes ``resi_dual_X``;
+the sizes stored in the config are kept either way). The result is checked by
+building the model and loading the weights strictly before anything is written,
+and is written atomically, never over an existing file.
+
+    residual-fairseq-convert authors_checkpoint.pt resi_dual_checkpoint.pt
+"""
+import argparse
+from argparse import Namespace
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from omegaconf import OmegaConf
+
+from .average_checkpoints import load_checkpoint_file, save_checkpoint_atomically
+from .errors import UserError, cli_main
+from .models.resi_dual import FAIRSEQ_PRESET_OF, OFFICIAL_OPTION_NAMES
+
+RESI_DUAL_OF_PRESET = {preset: arch for arch, preset in FAIRSEQ_PRESET_OF.items()}
+
+
+def _options(state: dict):
+    """The stored model options: ``args`` (older fairseq) or ``cfg["model"]``, a
+    Namespace for models registered the legacy way, else a dict."""
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise UserError("not a fairseq checkpoint: no 'model' weights")
+    if state.get("args") is not None:
+        options = state["args"]
+    elif isinstance(state.get("cfg"), dict):
+        options = state["cfg"].get("model")
+    else:
+        raise UserError("the checkpoint holds neither 'args' nor a 'cfg': not a fairseq checkpoint")
+    if not isinstance(options, (Namespace, dict)):
+        raise UserError(f"the checkpoint's model options are a {type(options).__name__}, not a Namespace or dict")
+    return options
+
+
+def _get(options, name):
+    return getattr(options, name, None) if isinstance(options, Namespace) else options.get(name)
+
+
+def _set(options, name, value):
+    if isinstance(options, Namespace):
+        setattr(options, name, value)
+    else:
+        options[name] = value
+
+
+def _drop(options, name):
+    if isinstance(options, Namespace):
+        options.__dict__.pop(name, None)
+    else:
+        options.pop(name, None)
+
+
+def resi_dual_arch(stored_arch) -> str:
+    if stored_arch in FAIRSEQ_PRESET_OF:
+        return stored_arch
+    return RESI_DUAL_OF_PRESET.get(stored_arch, "resi_dual")
+
+
+def convert_state(state: dict, arch=None) -> dict:
+    """The converted checkpoint state (``state`` is changed in place and returned)."""
+    options = _options(state)
+    stored_arch = _get(options, "_name") or _get(options, "arch")
+    new_arch = arch or resi_dual_arch(stored_arch)
+    if new_arch not in FAIRSEQ_PRESET_OF:
+        raise UserError(f"--arch must be one of {', '.join(sorted(FAIRSEQ_PRESET_OF))}, got {new_arch!r}")
+    for official, ours in OFFICIAL_OPTION_NAMES.items():
+        value = _get(options, official)
+        if value is not None:
+            current = _get(options, ours)
+            if current is not None and current != value:
+                raise UserError(f"the checkpoint sets both {official}={value} and {ours}={current}")
+            _set(options, ours, float(value))
+        _drop(options, official)
+    for side in ("encoder", "decoder"):
+        if _get(options, f"{side}_normalize_before"):
+            raise UserError(f"the checkpoint's {side} is Pre-LN ({side}_normalize_before): not a ResiDual model")
+    _set(options, "_name", new_arch)
+    if _get(options, "arch") is not None or isinstance(options, Namespace):
+        _set(options, "arch", new_arch)
+    # Release 0.1 of this project kept LN_final one module deeper.
+    model = state["model"]
+    for key in [k for k in model if ".layer_norm.norm." in k]:
+        model[key.replace(".layer_norm.norm.", ".layer_norm.", 1)] = model.pop(key)
+    return state
+
+
+class _SizedDictionary:
+    """Stands in for a fairseq Dictionary where only its size and padding index matter."""
+
+    def __init__(self, size, pad=1):
+        self.size, self.pad_index = size, pad
+
+    def __len__(self):
+        return self.size
+
+    def pad(self):
+        return self.pad_index
+
+
+def check_loads(state: dict) -> None:
+    """Build the converted model (shapes only) and load its weights strictly."""
+    from fairseq import models
+
+    options = _options(state)
+    weights = state["model"]
+    try:
+        src = weights["encoder.embed_tokens.weight"].shape[0]
+        tgt = weights["decoder.embed_tokens.weight"].shape[0]
+    except (KeyError, AttributeError, IndexError):
+        raise UserError("the checkpoint has no encoder/decoder embeddings: not a fairseq translation model")
+    src_dict = _SizedDictionary(src)
+    # One object for both sides when they match: --share-all-embeddings asks for a joined dictionary.
+    tgt_dict = src_dict if tgt == src else _SizedDictionary(tgt)
+    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=tgt_dict)
+    cfg = Namespace(**vars(options)) if isinstance(options, Namespace) else OmegaConf.create(options)
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            expected = {name: tuple(t.shape) for name, t in models.build_model(cfg, task).state_dict().items()}
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  (fairseq's errors, made one line)
+        raise UserError(f"the converted checkpoint does not build a resi_dual model: {err}".splitlines()[0])
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong_shape = sorted(n for n in set(expected) & set(weights)
+                         if not isinstance(weights[n], torch.Tensor) or tuple(weights[n].shape) != expected[n])
+    if missing or unexpected or wrong_shape:
+        raise UserError(
+            "the checkpoint's weights do not fit a resi_dual model"
+            + (f"; missing: {', '.join(missing[:5])}" if missing else "")
+            + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else "")
+            + (f"; wrong shape: {', '.join(wrong_shape[:5])}" if wrong_shape else "")
+        )
+
+
+def convert_checkpoint(source, output, arch=None) -> dict:
+    source, output = Path(source), Path(output)
+    if output.exists():
+        raise UserError(f"{output} exists: choose a new output file (nothing is overwritten)")
+    if output.resolve().parent.exists() and not output.resolve().parent.is_dir():
+        raise UserError(f"cannot write {output}: its parent is not a directory")
+    state = convert_state(load_checkpoint_file(source), arch)
+    check_loads(state)
+    save_checkpoint_atomically(state, output)
+    return state
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="residual-fairseq-convert",
+        description="Convert a checkpoint of the ResiDual authors' fairseq implementation "
+        "(their option names) into a resi_dual checkpoint of this plugin.",
+    )
+    parser.add_argument("source", help="the authors'-layout checkpoint (.pt)")
+    parser.add_argument("output", help="where to write the resi_dual checkpoint (must not exist)")
+    parser.add_argument("--arch", help="resi_dual architecture to record (default: resi_dual_X for a "
+                        "stored transformer_X, else resi_dual; sizes come from the stored config)")
+    return parser
+
+
+@cli_main
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    state = convert_checkpoint(args.source, args.output, args.arch)
+    options = _options(state)
+    print(f"wrote {args.output}: arch {_get(options, 'arch') or _get(options, '_name')}, "
+          + ", ".join(f"{name}={_get(options, name)}" for name in OFFICIAL_OPTION_NAMES.values()))
+
+
+if __name__ == "__main__":
+    main()
