@@ -299,3 +299,17 @@ def test_torchscript_matches_eager(variant):
     scripted = torch.jit.script(model)
     with torch.no_grad():
         torch.testing.assert_close(scripted(src, lengths, prev)[0], model(src, lengths, prev)[0])
+
+
+def test_tools_profile_fresh_admin_models(toy_data_bin):
+    """The diagnostics (and the depth benchmark) start Admin as its training would: profiled."""
+    from residual_fairseq.analysis import fresh_model, load_task, measurement_batches
+
+    task = load_task(toy_data_bin)
+    batches = measurement_batches(task, "train", max_tokens=300, num_batches=1)
+    sizes = dict(encoder_layers=2, decoder_layers=2, embed_dim=16, ffn_dim=32, heads=2)
+    profiled = admin_module.model_omegas(fresh_model("admin", task, profile_batches=batches, **sizes))
+    assert profiled["encoder"][0][0] == 1.0 and profiled["encoder"][1][0] > 1.0
+    assert profiled == admin_module.model_omegas(fresh_model("admin", task, profile_batches=batches, **sizes))
+    unprofiled = admin_module.model_omegas(fresh_model("admin", task, **sizes))
+    assert {value for stack in unprofiled.values() for layer in stack for value in layer} == {1.0}
