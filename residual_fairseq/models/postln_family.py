@@ -15,7 +15,6 @@ the ``fairseq-hydra-train`` path (see resi_dual.py). Each scheme gets the six
 presets of ``resi_dual`` (:data:`PRESETS`), the sizes of fairseq's ``transformer_X``.
 """
 import argparse
-import math
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
@@ -172,8 +171,3 @@ def fairseq_preset_of(model_name: str) -> dict:
     """{our arch name: fairseq's arch of the same sizes}, for docs and tests."""
     return {preset_name(model_name, suffix): preset_name("transformer", suffix) for suffix in PRESETS}
 
-
-def finite_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ModelConfigError(f"{name} must be a finite positive number, got {value!r}")
-    return float(value)
