@@ -105,7 +105,8 @@ def plan(request: TrainRequest) -> TrainPlan:
     if request.seed is not None:
         overrides["common"]["seed"] = request.seed
     if needs_profile(request.variant):
-        overrides["model"] = {"admin_profile": str(admin_profile_path(save_dir))}
+        # Absolute: the path is stored in every checkpoint's config and read again on loading.
+        overrides["model"] = {"admin_profile": str(admin_profile_path(save_dir).absolute())}
     if request.source_lang or request.target_lang:
         overrides["task"].update(source_lang=request.source_lang, target_lang=request.target_lang)
     settings = configs.load(request.dataset, request.variant, request.layers, overrides)
