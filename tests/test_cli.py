@@ -36,7 +36,7 @@ def test_train_generate_score(trained_tiny):
 
 def test_cli_options_reach_the_model(trained_tiny):
     _, save_dir, log = trained_tiny
-    # fairseq logs the model; DualStreamOutput prints the scale each stack uses.
+    # fairseq logs the model; each ResiDual stack prints the scale it uses.
     assert re.search(r"\(encoder\): ResiDualEncoder\(.*?dual_scale=0\.5\b", log, re.S)
     assert re.search(r"\(decoder\): ResiDualDecoder\(.*?dual_scale=0\.25\b", log, re.S)
     from fairseq import checkpoint_utils

@@ -163,7 +163,7 @@ def test_committed_yaml_trains_with_fairseq_hydra_train(toy_data_bin, tmp_path):
     ], env=CLI_ENV)
     output = proc.stdout + proc.stderr
     assert "ResiDualModel(" in output
-    assert output.count("dual_scale=0.05") == 2  # encoder and decoder DualStreamOutput
+    assert output.count("dual_scale=0.05") == 2  # the ResiDual encoder and decoder
     assert "num_updates=2" in output.replace(" ", "").replace("|", "") or "num_updates 2" in output
     assert (save_dir / "checkpoint_last.pt").is_file()
     assert (save_dir / ".hydra" / "config.yaml").is_file()  # hydra.run.dir follows checkpoint.save_dir

@@ -49,9 +49,6 @@ from .postln_layers import (
     refuse_unsupported_options,
 )
 
-ResiDualConfigError = ModelConfigError  # the name earlier releases exported
-
-
 @dataclass
 class ResiDualConfig(TransformerConfig):
     # Named without an encoder_/decoder_ prefix on purpose: TransformerConfig routes
@@ -141,10 +138,6 @@ class ResiDualEncoderLayer(PostLNEncoderLayer):
         x, outs, _ = self.sublayers(x, encoder_padding_mask, attn_mask)
         return x, dual_stream.accumulate(dual, outs, self.dual_scale, _in_place(self.training))
 
-    def extra_repr(self) -> str:
-        # Printed in fairseq's training log, so the scale in use is visible there.
-        return f"dual_scale={self.dual_scale}"
-
 
 class ResiDualDecoderLayer(PostLNDecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False):
@@ -168,9 +161,6 @@ class ResiDualDecoderLayer(PostLNDecoderLayer):
             self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights,
         )
         return x, dual_stream.accumulate(dual, outs, self.dual_scale, _in_place(self.training)), attn
-
-    def extra_repr(self) -> str:
-        return f"dual_scale={self.dual_scale}"
 
 
 def carries_dual_stream(layer) -> bool:
@@ -247,6 +237,10 @@ class ResiDualEncoder(TransformerEncoderBase):
     def upgrade_state_dict_named(self, state_dict, name):
         _upgrade_final_norm_keys(state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
+
+    def extra_repr(self) -> str:
+        # Printed in fairseq's training log, so the settings in use are visible there.
+        return f"dual_scale={self.dual_scale}, main_alpha={self.main_alpha}"
 
 
 class ResiDualDecoder(TransformerDecoderBase):
@@ -342,6 +336,10 @@ class ResiDualDecoder(TransformerDecoderBase):
     def upgrade_state_dict_named(self, state_dict, name):
         _upgrade_final_norm_keys(state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
+
+    def extra_repr(self) -> str:
+        # Printed in fairseq's training log, so the settings in use are visible there.
+        return f"dual_scale={self.dual_scale}, main_alpha={self.main_alpha}"
 
 
 @register_model("resi_dual")
