@@ -15,8 +15,8 @@ and :func:`fairseq_train_args` renders the same settings as ``fairseq-train`` fl
 which is what ``residual-fairseq-train`` runs. Only the per-run files are generated
 (``python3 -m residual_fairseq.configs --write``; ``--check`` fails when they are
 stale): ``base.yaml`` is the one place to edit a dataset's settings, and the residual
-scheme comes from :mod:`residual_fairseq.variants`, so the three variants of a depth
-can differ in nothing else.
+scheme comes from :mod:`residual_fairseq.variants`, so the variants of a depth can
+differ in nothing else.
 
 ``_self_`` comes first in the defaults list on purpose: fairseq-hydra-train matches a
 config against a structured schema of the same name, and that schema's defaults
@@ -35,7 +35,7 @@ import yaml
 from .atomic import write_text_atomically
 from .errors import UserError, cli_main
 from .resources import shipped_dir
-from .variants import VARIANTS, arch_name, lm_arch_name, variant_overrides
+from .variants import LM_VARIANTS, VARIANTS, arch_name, lm_arch_name, needs_profile, variant_overrides
 MISSING = "???"
 BASE_NAME = "base"
 
@@ -50,13 +50,19 @@ class DatasetSpec:
     task: str = "translation"  # or "language_modeling": decoder-only models (residual_fairseq.lm)
     directory: str = ""        # configs/<directory> when it is not configs/<dataset>
 
+    @property
+    def variants(self) -> tuple:
+        """The residual schemes this dataset's task comes in."""
+        return LM_VARIANTS if self.task == "language_modeling" else VARIANTS
+
 
 DATASETS = {
     "iwslt14-de-en": DatasetSpec(depths=(6, 12), evaluation=dict(beam=5)),
     "wmt14-en-de": DatasetSpec(depths=(6, 12, 18), evaluation=dict(beam=4, lenpen=0.6, compound_split=True)),
     "opus100": DatasetSpec(depths=(18,), dual_scale=0.05, evaluation=dict(beam=5)),
-    # A small CPU config for the bundled corpus: minutes on 2 cores.
-    "sample-es-en": DatasetSpec(depths=(3,), evaluation=dict(beam=5)),
+    # A small CPU config for the bundled corpus: minutes on 2 cores. 6 and 18 layers: the
+    # side-by-side comparison of the residual schemes (README, docs/baselines.md).
+    "sample-es-en": DatasetSpec(depths=(3, 6, 18), evaluation=dict(beam=5)),
     # Language models (fairseq's language_modeling task); evaluation: fairseq-eval-lm's
     # --tokens-per-sample/--context-window, as in fairseq's examples/language_model.
     "sample-lm": DatasetSpec(depths=(6, 24), task="language_modeling",
@@ -108,6 +114,9 @@ def check_choice(dataset: str, variant: str, layers=None, shipped_only: bool = T
     if variant not in VARIANTS:
         raise UserError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     spec = DATASETS[dataset]
+    if variant not in spec.variants:
+        raise UserError(f"{dataset} is a {spec.task.replace('_', ' ')} dataset: its variants are "
+                        f"{', '.join(spec.variants)}, not {variant}")
     if layers is None:
         return spec
     if not shipped_only:
@@ -128,7 +137,7 @@ def config_path(dataset: str, variant: str, layers: int) -> Path:
 def all_configs():
     """Every shipped (dataset, variant, layers)."""
     return [(dataset, variant, layers) for dataset, spec in DATASETS.items()
-            for layers in spec.depths for variant in VARIANTS]
+            for layers in spec.depths for variant in spec.variants]
 
 
 # --- composing ------------------------------------------------------------------------
@@ -149,6 +158,10 @@ def run_settings(dataset: str, variant: str, layers: int, decoder_layers: int = 
     if variant == "resi_dual":
         model["dual_scale_encoder"] = spec.dual_scale
         model["dual_scale_decoder"] = spec.dual_scale
+    if needs_profile(variant):
+        # Admin's omegas come from a profiling pass over this run's data: residual-fairseq-train
+        # writes the file and fills this in; by hand, python3 -m residual_fairseq.admin_profile.
+        model["admin_profile"] = MISSING
     return {"model": model}
 
 
@@ -172,6 +185,9 @@ def run_file_text(dataset: str, variant: str, layers: int) -> str:
         f"# fairseq-hydra-train --config-dir configs/{spec.directory or dataset} --config-name {config_name(variant, layers)} \\\n"
         "#   task.data=DATA common.user_dir=$(python3 -m residual_fairseq) checkpoint.save_dir=DIR\n"
     )
+    if needs_profile(variant):
+        header += ("#   model.admin_profile=FILE   (FILE from: python3 -m residual_fairseq.admin_profile FILE -- \\\n"
+                   "#   <the same settings as fairseq-train flags>; residual-fairseq-train does both steps)\n")
     body = {"defaults": ["_self_", BASE_NAME], **run_settings(dataset, variant, layers)}
     return header + yaml.safe_dump(body, sort_keys=False)
 

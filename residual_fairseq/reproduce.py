@@ -33,7 +33,7 @@ from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import atomic_output, write_text_atomically
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag
-from .variants import VARIANTS
+from .variants import COLOURS, VARIANTS
 
 RESULT_NAME = "result.json"
 FAILURE_NAME = "failed.json"   # a run that failed: its error, shown in the table; removed by a later success
@@ -89,16 +89,17 @@ class Run:
             return "failed"
 
 
-def matrix(data: dict, out: Path, variants=VARIANTS, layers=None, seeds=(1,)) -> List[Run]:
+def matrix(data: dict, out: Path, variants=None, layers=None, seeds=(1,)) -> List[Run]:
     """Every run of the matrix; ``data`` maps each dataset to its fairseq data directory.
 
+    ``variants`` None means every variant of each dataset's task (language models: three).
     ``layers`` None means each dataset's shipped depths; any other depth is composed
     from the dataset's base.yaml (as ``residual-fairseq-train --layers`` does).
     """
     runs = []
     for dataset, data_dir in data.items():
         for depth in (layers or configs.DATASETS[dataset].depths):
-            for variant in variants:
+            for variant in (variants or configs.DATASETS[dataset].variants):
                 configs.check_choice(dataset, variant, depth, shipped_only=False)
                 runs += [Run(dataset, variant, depth, seed, Path(data_dir), Path(out)) for seed in seeds]
     return runs
@@ -290,7 +291,7 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
 
     datasets = list(dict.fromkeys(run.dataset for run in runs))
     figure, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.6 * len(datasets)), squeeze=False)
-    colours = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green")))
+    colours = COLOURS  # the same colour per variant in every tool's plots
     styles = {}
     for run in runs:
         curve = validation_curve(run.save_dir / train.LOG_NAME)
@@ -401,7 +402,8 @@ def build_parser():
     parser.add_argument("--dataset", nargs="+", required=True, choices=list(configs.DATASETS))
     parser.add_argument("--data", nargs="+", required=True, metavar="[DATASET=]DIR",
                         help="fairseq data directory (the prepared bin/) of each dataset")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        help="default: every variant of each dataset's task (language models: post_ln pre_ln resi_dual)")
     parser.add_argument("--layers", nargs="+", type=int_at_least(1, configs.MAX_LAYERS),
                         help="depths, any (default: each dataset's shipped depths)")
     parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1])

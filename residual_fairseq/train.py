@@ -46,7 +46,7 @@ from .argtypes import check_output_dir, int_at_least, positive_int
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, resolve_threads, thread_environment, threads_note
 from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
-from .variants import VARIANTS
+from .variants import VARIANTS, needs_profile
 
 LOG_NAME = "train.log"
 RUN_RECORD_NAME = "run.json"
@@ -114,16 +114,26 @@ def plan(request: TrainRequest) -> TrainPlan:
     }
     if request.seed is not None:
         overrides["common"]["seed"] = request.seed
+    if needs_profile(request.variant):
+        # Absolute: the path is stored in every checkpoint's config and read again on loading.
+        overrides["model"] = {"admin_profile": str(admin_profile_path(save_dir).absolute())}
     settings = configs.load(request.dataset, request.variant, request.layers, overrides,
                             decoder_layers=request.decoder_layers)
 
     notes = []
-    configured = (settings["task"].get("source_lang"), settings["task"].get("target_lang"))
-    source_lang, target_lang = language_pair(data, request.source_lang, request.target_lang, configured)
-    if None not in configured and (source_lang, target_lang) != configured and not request.source_lang:
-        notes.append(f"the {request.dataset} config is {configured[0]}-{configured[1]}; "
-                     f"{data} holds {source_lang}-{target_lang}: training {source_lang}->{target_lang}")
-    settings["task"].update(source_lang=source_lang, target_lang=target_lang)
+    if configs.DATASETS[request.dataset].task == "language_modeling":
+        if request.source_lang or request.target_lang:
+            raise UserError(f"{request.dataset} trains a language model: it has no -s/-t language pair")
+        if not (data / "dict.txt").is_file():
+            raise UserError(f"{data} holds no language-model dictionary (dict.txt): pass the bin/ directory "
+                            f"that residual-fairseq-prepare --dataset sample-lm/wikitext-103/custom-lm wrote")
+    else:
+        configured = (settings["task"].get("source_lang"), settings["task"].get("target_lang"))
+        source_lang, target_lang = language_pair(data, request.source_lang, request.target_lang, configured)
+        if None not in configured and (source_lang, target_lang) != configured and not request.source_lang:
+            notes.append(f"the {request.dataset} config is {configured[0]}-{configured[1]}; "
+                         f"{data} holds {source_lang}-{target_lang}: training {source_lang}->{target_lang}")
+        settings["task"].update(source_lang=source_lang, target_lang=target_lang)
     threads, threads_source = resolve_threads(request.threads)
     notes.append(threads_note(threads, threads_source)[len("note: "):])
     cpu = (not cuda_available()) if request.cpu is None else request.cpu
@@ -219,6 +229,8 @@ def _int_or_text(value):
 def run_name(variant: str, model: dict) -> str:
     """``<variant>-<L>l``, or ``<variant>-<E>+<D>l`` when the encoder and decoder depths differ."""
     encoder, decoder = model.get("encoder_layers"), model.get("decoder_layers")
+    if encoder is None:  # a language model: decoder layers only
+        return f"{variant}-{decoder}l"
     return f"{variant}-{encoder}l" if encoder == decoder else f"{variant}-{encoder}+{decoder}l"
 
 
@@ -241,6 +253,26 @@ def check_extra_args(extra_args) -> None:
                 raise UserError(f"{name} {value!r}: expected a number") from None
             if not math.isfinite(number) or number <= 0:
                 raise UserError(f"{name} must be a finite positive number, got {item}")
+
+
+def admin_profile_path(save_dir) -> Path:
+    from .admin_profile import PROFILE_NAME
+
+    return Path(save_dir) / PROFILE_NAME
+
+
+def ensure_admin_profile(request: TrainRequest, train_plan: TrainPlan) -> None:
+    """Admin's first step: profile the omegas into SAVE_DIR, unless already there or resuming."""
+    from .admin_profile import profile_for_training
+
+    path = admin_profile_path(request.save_dir)
+    if path.is_file() or (Path(request.save_dir) / "checkpoint_last.pt").is_file():
+        return
+    command = list(train_plan.commands[0][1:])
+    index = command.index("--admin-profile")
+    del command[index:index + 2]
+    print(f"profiling Admin's omegas on the first training batch -> {path}", flush=True)
+    profile_for_training(command, path)
 
 
 def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:
@@ -542,6 +574,8 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
         if note:
             print(f"note: {note}", flush=True)
         write_run_record(request, train_plan)
+        if needs_profile(request.variant):
+            ensure_admin_profile(request, train_plan)
         returncode = execute(train_plan, Path(request.save_dir), lock_fd, request.progress, request.extra_args)
     if returncode != 0:
         raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")

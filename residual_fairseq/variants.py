@@ -1,9 +1,10 @@
-"""Build Post-LN, Pre-LN and ResiDual translation models side by side.
+"""Build the residual schemes' models side by side (translation; language models: LM_VARIANTS).
 
-The three variants differ only in the residual scheme: Post-LN and Pre-LN are
-fairseq's own ``transformer`` (without/with ``normalize_before``), ResiDual is
-``resi_dual``; every size option comes from the same fairseq preset. Used by the
-diagnostics, the benchmarks and the tests, which need models without a data dir.
+The variants differ only in the residual scheme: Post-LN and Pre-LN are fairseq's
+own ``transformer`` (without/with ``normalize_before``); ResiDual, DeepNet, Admin and
+B2T are this package's ``resi_dual``, ``deepnet``, ``admin`` and ``b2t``. Every size
+option comes from the same fairseq preset. Used by the configs, the tools, the
+diagnostics, the benchmarks and the tests.
 """
 import argparse
 from types import SimpleNamespace
@@ -13,14 +14,26 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from . import models as _models  # noqa: F401  (registers resi_dual)
 
-VARIANTS = ("post_ln", "pre_ln", "resi_dual")
+VARIANTS = ("post_ln", "pre_ln", "resi_dual", "deepnet", "admin", "b2t")
+# The schemes that come as language models (fairseq's transformer_lm, and resi_dual_lm).
+LM_VARIANTS = ("post_ln", "pre_ln", "resi_dual")
+
+# Variant -> fairseq model (and architecture family) that implements it.
+MODEL_OF = {"post_ln": "transformer", "pre_ln": "transformer", "resi_dual": "resi_dual",
+            "deepnet": "deepnet", "admin": "admin", "b2t": "b2t"}
+
+# One colour and display name per variant, shared by every plot of every tool.
+COLOURS = {"post_ln": "tab:red", "pre_ln": "tab:blue", "resi_dual": "tab:green",
+           "deepnet": "tab:purple", "admin": "tab:orange", "b2t": "tab:brown"}
+DISPLAY_NAMES = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual",
+                 "deepnet": "DeepNet", "admin": "Admin", "b2t": "B2T"}
 
 
 def arch_name(variant: str, preset: str = "") -> str:
     """``arch_name("pre_ln", "iwslt_de_en") == "transformer_iwslt_de_en"``."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    family = "resi_dual" if variant == "resi_dual" else "transformer"
+    family = MODEL_OF[variant]
     return f"{family}_{preset}" if preset else family
 
 
@@ -28,8 +41,15 @@ def lm_arch_name(variant: str) -> str:
     """The language-model architecture of a variant: fairseq's ``transformer_lm`` (Post-LN
     by default, Pre-LN with ``decoder_normalize_before``) or ``resi_dual_lm``. Not fairseq's
     named ``transformer_lm_*`` presets: those force Pre-LN."""
-    arch_name(variant)  # validates
+    if variant not in LM_VARIANTS:
+        raise ValueError(f"no {variant!r} language model; language models come as {', '.join(LM_VARIANTS)} "
+                         f"(the deep-Transformer baselines are translation models)")
     return "resi_dual_lm" if variant == "resi_dual" else "transformer_lm"
+
+
+def needs_profile(variant: str) -> bool:
+    """Whether a new model of ``variant`` is initialised from a profiling pass (Admin)."""
+    return variant == "admin"
 
 
 def variant_overrides(variant: str) -> dict:

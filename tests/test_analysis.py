@@ -20,6 +20,7 @@ from residual_fairseq.analysis import (
     mean_token_cosine,
 )
 from residual_fairseq.analysis.probe import STACKS, stack_masks
+from residual_fairseq.variants import VARIANTS as ALL_VARIANTS
 
 TINY = dict(encoder_layers=2, decoder_layers=3, embed_dim=16, ffn_dim=32, heads=2)
 DEEP = dict(encoder_layers=24, decoder_layers=24, embed_dim=32, ffn_dim=64, heads=4)
@@ -186,16 +187,16 @@ def test_cli_writes_every_number_and_figure(toy_data_bin, tmp_path):
             "--train-steps", "3", "--measure-every", "2", "--warmup-updates", "2"]
     main(args)
     report = json.loads((out / "analysis.json").read_text())
-    assert [r["label"] for r in report["runs"]] == list(VARIANTS)
+    assert [r["label"] for r in report["runs"]] == list(ALL_VARIANTS)  # every variant by default
     for run in report["runs"]:
         assert [m["step"] for m in run["measurements"]] == [0, 2, 3]
         assert len(run["train_loss"]) == 3
         assert len(run["measurements"][0]["encoder"]["param_grad_norm"]) == 2
         assert len(run["measurements"][0]["decoder"]["cos_next"]) == 2
     gradients = (out / "gradients.csv").read_text().splitlines()
-    # one row per run, measurement and layer: 3 runs x 3 measurements x (2 + 3) layers
+    # one row per run, measurement and layer: 6 runs x 3 measurements x (2 + 3) layers
     assert gradients[0] == "run,step,stack,layer,param_grad_norm,input_grad_norm"
-    assert len(gradients) == 1 + 3 * 3 * 5
+    assert len(gradients) == 1 + len(ALL_VARIANTS) * 3 * 5
     dual = (out / "dual_stream.csv").read_text().splitlines()
     assert {line.split(",")[0] for line in dual[1:]} == {"resi_dual"}
     for png in ("gradient_norms_update0.png", "gradient_norms_update3.png", "similarity_update0.png",

@@ -30,3 +30,26 @@ def test_parameter_count_is_post_ln_plus_the_two_final_norms(preset_name):
     embed_dim = resi_dual.encoder.embed_tokens.embedding_dim
     # LN_final of the encoder and of the decoder: a gain and a bias each.
     assert count(resi_dual) == count(post_ln) + 2 * 2 * embed_dim
+
+
+BASELINE_PRESETS = [(arch, fairseq_arch) for module in ("deepnet", "admin", "b2t")
+                    for arch, fairseq_arch in sorted(__import__(f"residual_fairseq.models.{module}",
+                                                                fromlist=["x"]).FAIRSEQ_PRESET_OF.items())]
+
+
+@pytest.mark.parametrize("arch,fairseq_arch", BASELINE_PRESETS)
+def test_baseline_presets_have_the_fairseq_sizes(arch, fairseq_arch):
+    assert len(BASELINE_PRESETS) == 18  # six presets for each of DeepNet, Admin, B2T
+    ours = preset(arch)
+    assert ours.pop("admin_profile", None) is None  # Admin's only option: no profile unless given
+    assert ours == preset(fairseq_arch)
+
+
+@pytest.mark.parametrize("variant,extra", [("deepnet", 0), ("b2t", 0), ("admin", None)])
+def test_baseline_parameter_count(variant, extra):
+    small = dict(encoder_layers=2, decoder_layers=3)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    model, post_ln = build_model(variant, "iwslt_de_en", **small), build_model("post_ln", "iwslt_de_en", **small)
+    if extra is None:  # Admin: one omega vector per sublayer (2 per encoder layer, 3 per decoder layer)
+        extra = (2 * 2 + 3 * 3) * model.encoder.embed_tokens.embedding_dim
+    assert count(model) == count(post_ln) + extra

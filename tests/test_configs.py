@@ -27,14 +27,34 @@ def expected_parameters(model_cfg, variant, vocab_size):
     ffn = 2 * d * f + f + d
     encoder_layer = attention + ffn + 2 * layer_norm
     decoder_layer = 2 * attention + ffn + 3 * layer_norm
-    stack_norms = 0 if variant == "post_ln" else 2 * layer_norm  # Pre-LN's final LN / ResiDual's LN(d_N)
+    # Pre-LN's final LN / ResiDual's LN(d_N); the Post-LN family has none.
+    stack_norms = 2 * layer_norm if variant in ("pre_ln", "resi_dual") else 0
+    encoder_extra, decoder_extra = EXTRA_PER_LAYER.get(variant, (0, 0))
+    encoder_layer += encoder_extra * d
+    decoder_layer += decoder_extra * d
     embeddings = vocab_size * d * (1 if model_cfg.get("share_all_embeddings") else 2)
     layers = model_cfg["encoder_layers"] * encoder_layer + model_cfg["decoder_layers"] * decoder_layer
     return embeddings + layers + stack_norms
 
 
+MODEL_CLASS = {"post_ln": "TransformerModel", "pre_ln": "TransformerModel", "resi_dual": "ResiDualModel",
+               "deepnet": "DeepNetModel", "admin": "AdminModel", "b2t": "B2TModel"}
+# Admin's omegas: the same count and shape as a model dimension per sublayer.
+EXTRA_PER_LAYER = {"admin": (2, 3)}
 # Encoder-decoder configs; the language-model ones are tested in test_lm_cli.py.
 TRANSLATION_CONFIGS = [c for c in configs.all_configs() if configs.DATASETS[c[0]].task == "translation"]
+
+
+def test_every_dataset_and_depth_has_every_variant():
+    assert set(configs.VARIANTS) == set(MODEL_CLASS)
+    for dataset, spec in configs.DATASETS.items():
+        expected = configs.LM_VARIANTS if spec.task == "language_modeling" else configs.VARIANTS
+        assert spec.variants == expected
+        for layers in spec.depths:
+            for variant in expected:
+                assert configs.config_path(dataset, variant, layers).is_file()
+    with pytest.raises(UserError, match="language modeling dataset: its variants are post_ln, pre_ln, resi_dual"):
+        configs.load("sample-lm", "deepnet", 6)
 
 
 @pytest.mark.parametrize("dataset,variant,layers", TRANSLATION_CONFIGS)
@@ -43,10 +63,13 @@ def test_config_builds_its_model(dataset, variant, layers):
 
     settings = configs.load(dataset, variant, layers)
     model_cfg = settings["model"]
+    if variant == "admin":  # no profile: the omegas start at 1, the shapes are what counts here
+        assert model_cfg["admin_profile"] == configs.MISSING
+        model_cfg["admin_profile"] = None
     task = SimpleNamespace(source_dictionary=VOCAB, target_dictionary=VOCAB)
     with torch.device("meta"):  # shapes only: an 18+18-layer model in milliseconds
         model = models.build_model(OmegaConf.create(model_cfg), task)  # fairseq's hydra-path builder
-    assert type(model).__name__ == ("ResiDualModel" if variant == "resi_dual" else "TransformerModel")
+    assert type(model).__name__ == MODEL_CLASS[variant]
     assert len(model.encoder.layers) == len(model.decoder.layers) == layers
     assert model.encoder.layers[0].normalize_before is (variant == "pre_ln")
     assert model.decoder.layers[-1].normalize_before is (variant == "pre_ln")
@@ -55,6 +78,9 @@ def test_config_builds_its_model(dataset, variant, layers):
     if variant == "resi_dual":
         scale = configs.DATASETS[dataset].dual_scale
         assert model.encoder.dual_scale == model.decoder.dual_scale == scale
+    if variant == "deepnet":  # the constants follow the config's depths
+        assert model.encoder.layers[0].alpha == pytest.approx(0.81 * (layers ** 5) ** (1 / 16))
+        assert model.decoder.layers[0].alpha == pytest.approx((3 * layers) ** 0.25)
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params == expected_parameters(model_cfg, variant, len(VOCAB))
 
@@ -80,15 +106,17 @@ def test_variants_differ_only_in_residual_scheme():
                 assert settings["model"]["_name"] == arch_name(variant)
                 for key, value in variant_overrides(variant).items():
                     assert settings["model"][key] == value
-            for variant in ("pre_ln", "resi_dual"):
+            assert set(rendered) == set(MODEL_CLASS)
+            for variant in set(configs.VARIANTS) - {"post_ln"}:
                 differing = {
                     (group, key) for group in rendered["post_ln"] for key in
                     set(rendered["post_ln"][group]) | set(rendered[variant][group])
                     if rendered["post_ln"][group].get(key) != rendered[variant][group].get(key)
                 }
+                # The residual scheme only: its model, Pre-LN's flags, ResiDual's scales, Admin's profile.
                 allowed = {("model", "_name"), ("model", "encoder_normalize_before"),
                            ("model", "decoder_normalize_before"), ("model", "dual_scale_encoder"),
-                           ("model", "dual_scale_decoder")}
+                           ("model", "dual_scale_decoder"), ("model", "admin_profile")}
                 assert differing and differing <= allowed, (dataset, layers, variant, differing)
 
 
@@ -98,7 +126,10 @@ def test_flags_mean_what_the_yaml_says(dataset, variant, layers):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    settings = configs.load(dataset, variant, layers, {"task": {"data": "/data"}, "common": {"user_dir": USER_DIR}})
+    overrides = {"task": {"data": "/data"}, "common": {"user_dir": USER_DIR}}
+    if variant == "admin":
+        overrides["model"] = {"admin_profile": "/profile.json"}
+    settings = configs.load(dataset, variant, layers, overrides)
     args = options.parse_args_and_arch(options.get_training_parser(), configs.fairseq_train_args(settings))
     parsed = convert_namespace_to_omegaconf(args)
     for group, values in settings.items():
@@ -127,7 +158,7 @@ def test_unknown_choice_is_a_user_error():
     with pytest.raises(UserError, match="layers must be between 1 and 1000, got 0"):
         configs.load("iwslt14-de-en", "resi_dual", 0)
     with pytest.raises(UserError, match="unknown variant"):
-        configs.load("iwslt14-de-en", "deepnet", 6)
+        configs.load("iwslt14-de-en", "rezero", 6)
     with pytest.raises(UserError, match=r"missing \(\?\?\?\): task.data, common.user_dir|common.user_dir, task.data"):
         configs.fairseq_train_args(configs.load("sample-es-en", "post_ln", 3))
 

@@ -1,4 +1,4 @@
-"""Importing the plugin leaves fairseq unchanged for models that are not ResiDual."""
+"""Importing the plugin leaves fairseq unchanged for models that are not the plugin's."""
 import json
 import sys
 
@@ -21,7 +21,7 @@ model = task.build_model(cfg.model).eval()
 src = torch.tensor([[5, 6, 7, 8, 2]])
 out, _ = model(src, torch.tensor([5]), torch.tensor([[2, 5, 6]]))
 print(json.dumps({
-    "archs": sorted(a for a in ARCH_MODEL_REGISTRY if not a.startswith("resi_dual")),
+    "archs": sorted(a for a in ARCH_MODEL_REGISTRY if not a.startswith(("resi_dual", "deepnet", "admin", "b2t"))),
     "model_args": {k: repr(v) for k, v in sorted(vars(args).items()) if k != "user_dir"},
     "modules": [type(m).__module__ + "." + type(m).__name__ for m in model.modules()],
     "output": out.flatten().tolist(),

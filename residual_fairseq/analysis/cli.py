@@ -10,7 +10,7 @@ from ..argtypes import check_output_dir, finite_float, nonnegative_float, positi
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import add_verbose_flag
-from ..variants import VARIANTS
+from ..variants import LM_VARIANTS, VARIANTS
 from .data import is_language_modeling, load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
 from .report import runs_from_dict, write_figures, write_tables
@@ -37,10 +37,10 @@ def build_parser():
     p.add_argument("--target-lang")
     g = p.add_argument_group("models")
     g.add_argument("--variants", nargs="*", choices=VARIANTS, default=None,
-                   help="fresh models to build (default: all three, or none when --checkpoint is given)")
+                   help="fresh models to build (default: all of them, or none when --checkpoint is given)")
     g.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                    help="also analyse a trained checkpoint under LABEL (repeatable); "
-                        "labels post_ln/pre_ln/resi_dual get those variants' colours")
+                        "labels that name a variant (post_ln, deepnet, ...) get that variant's colour")
     g.add_argument("--preset", default="", help="fairseq architecture suffix the sizes start from, "
                                                 "e.g. iwslt_de_en (default: transformer base)")
     g.add_argument("--layers", type=int, help="encoder and decoder layers")
@@ -154,10 +154,14 @@ def main(argv=None):
     if not args.data:
         raise UserError("give a data dir (or --merge earlier analysis.json files)")
     checkpoints = parse_checkpoints(args.checkpoint)
-    variants = args.variants if args.variants is not None else ([] if checkpoints else list(VARIANTS))
-    if not variants and not checkpoints:
+    if args.variants is not None and not args.variants and not checkpoints:
         raise UserError("nothing to analyse: give --variants and/or --checkpoint")
     task = load_task(args.data, args.source_lang, args.target_lang, args.tokens_per_sample)
+    all_variants = LM_VARIANTS if is_language_modeling(task) else VARIANTS
+    variants = args.variants if args.variants is not None else ([] if checkpoints else list(all_variants))
+    unsupported = [variant for variant in variants if variant not in all_variants]
+    if unsupported:
+        raise UserError(f"--variants {' '.join(unsupported)}: language models come as {', '.join(LM_VARIANTS)}")
     probe_batches = measurement_batches(task, args.split, args.max_tokens, args.batches)
     if args.label_smoothing is None:
         args.label_smoothing = 0.0 if is_language_modeling(task) else 0.1
@@ -171,9 +175,13 @@ def main(argv=None):
         embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads, dropout=args.dropout,
     )
     models = {}
+    # Admin's omegas are profiled on the first training batch, as its training starts.
+    first_train_batch = (lambda: [next(training_batches(task, "train", args.max_tokens, args.seed))]) \
+        if "admin" in variants else None
     for variant in variants:
         models[variant] = lambda v=variant: fresh_model(
-            v, task, seed=args.seed, preset=args.preset, dual_scale=args.dual_scale, **sizes)
+            v, task, seed=args.seed, preset=args.preset, dual_scale=args.dual_scale,
+            profile_batches=first_train_batch() if v == "admin" else None, **sizes)
     for label, path in checkpoints.items():
         if label in models:
             raise UserError(f"label {label!r} names both a fresh variant and a checkpoint")

@@ -1,9 +1,10 @@
-"""The models to analyse: fresh Post-LN / Pre-LN / ResiDual, or trained checkpoints."""
+"""The models to analyse: fresh models of any variant, or trained checkpoints."""
 import torch
 
 from ..errors import UserError
+from ..models.admin import profile_omegas
 from ..safe_checkpoints import WeightsMismatchError, load_models
-from ..variants import VARIANTS, build_language_model, build_model
+from ..variants import VARIANTS, build_language_model, build_model, needs_profile
 
 # Size options of the CLI -> fairseq model options they set on both stacks.
 SIZE_OPTIONS = {
@@ -27,11 +28,12 @@ def model_overrides(**sizes) -> dict:
     return overrides
 
 
-def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
+def fresh_model(variant, task, seed=1, preset="", dual_scale=None, profile_batches=None, **sizes):
     """A freshly initialised ``variant`` (fairseq's own init) for the task's dictionaries.
 
-    The same seed gives the three variants the same random stream, so they differ
-    in the residual scheme, not in luck of the draw.
+    The same seed gives the variants the same random stream, so they differ in the
+    residual scheme, not in luck of the draw. Admin's omegas are profiled on
+    ``profile_batches`` (as its training would start), or stay at 1 without them.
     """
     if variant not in VARIANTS:
         raise UserError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
@@ -42,9 +44,12 @@ def fresh_model(variant, task, seed=1, preset="", dual_scale=None, **sizes):
         overrides.update(dual_scale_encoder=dual_scale, dual_scale_decoder=dual_scale)
     torch.manual_seed(seed)
     try:
-        return build_model(variant, preset, task.source_dictionary, task.target_dictionary, **overrides)
+        model = build_model(variant, preset, task.source_dictionary, task.target_dictionary, **overrides)
     except KeyError as err:
         raise UserError(f"unknown preset {preset!r}") from err
+    if needs_profile(variant) and profile_batches:
+        profile_omegas(model, list(profile_batches), seed=seed)
+    return model
 
 
 # Size options of the CLI -> the options they set on a decoder-only language model.

@@ -10,12 +10,14 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..variants import COLOURS, DISPLAY_NAMES  # noqa: E402
 from .probe import STACKS, Measurement, StackMeasurement  # noqa: E402
 from .training import Run  # noqa: E402
 
 FP16_MAX = 65504.0
-COLORS = {"post_ln": "tab:red", "pre_ln": "tab:blue", "resi_dual": "tab:green"}
-LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
+# One colour and name per variant, shared with the other tools' plots.
+COLORS = COLOURS
+LABELS = DISPLAY_NAMES
 
 # (CSV file, the StackMeasurement fields it holds); layer-indexed fields only.
 TABLES = {

@@ -16,7 +16,7 @@ from ..argtypes import check_output_file, int_at_least, nonnegative_int, positiv
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import add_verbose_flag
-from ..variants import VARIANTS, arch_name
+from ..variants import LM_VARIANTS, VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
 DEFAULT_LM_SIZES = "gpt2_tiny:6,gpt2_tiny:24"  # used when --data is language-model data
@@ -52,11 +52,16 @@ def parse_sizes(text, language_model=False):
     return sizes
 
 
-def parse_variants(text):
+def parse_variants(text, language_model=False):
+    """``--variants`` (None: every variant the models come in; language models: LM_VARIANTS)."""
+    allowed = LM_VARIANTS if language_model else VARIANTS
+    if text is None:
+        return list(allowed)
     variants = [v for v in text.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
-        raise UserError(f"--variants {text!r}: choose from {', '.join(VARIANTS)}")
+        kind = "language models: " if language_model else ""
+        raise UserError(f"--variants {text!r}: choose from {kind}{', '.join(allowed)}")
     return variants
 
 
@@ -78,7 +83,9 @@ def build_parser():
         sub.add_argument("--data", required=True, help="fairseq-preprocess output directory")
         sub.add_argument("--source-lang", default=None)
         sub.add_argument("--target-lang", default=None)
-        sub.add_argument("--variants", default=",".join(VARIANTS))
+        sub.add_argument("--variants", default=None,
+                         help=f"comma-separated (default: all, {','.join(VARIANTS)}; language models: "
+                              f"{','.join(LM_VARIANTS)})")
         sub.add_argument("--max-tokens", type=positive_int, default=2048, help="tokens per training batch")
         sub.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
         sub.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
@@ -125,20 +132,20 @@ def main(argv=None):
     # Imported after parsing, so that bad options fail before the runs set anything up.
     from .report import depth_report, echo, environment, speed_report, write_outputs
 
-    started = environment(argv)  # its date is when the run began
+    from .data import is_language_model_data
 
+    started = environment(argv)  # its date is when the run began
+    language_model = is_language_model_data(args.data)
     common = dict(
-        variants=parse_variants(args.variants), max_tokens=args.max_tokens, device=args.device,
+        variants=parse_variants(args.variants, language_model), max_tokens=args.max_tokens, device=args.device,
         precision=args.precision, threads=args.threads, seed=args.seed,
         source_lang=args.source_lang, target_lang=args.target_lang, progress=echo,
     )
     if args.command == "speed":
         from .speed import run_speed_benchmark
 
-        from .data import is_language_model_data
-
         report = run_speed_benchmark(
-            args.data, parse_sizes(args.sizes, is_language_model_data(args.data)), repeats=args.repeats, warmup=args.warmup,
+            args.data, parse_sizes(args.sizes, language_model), repeats=args.repeats, warmup=args.warmup,
             updates=args.updates, beam=args.beam, decode_sentences=args.decode_sentences,
             decode_batch_size=args.decode_batch_size, **common,
         )

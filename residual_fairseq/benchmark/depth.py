@@ -10,7 +10,8 @@ import math
 import torch
 
 from ..errors import UserError
-from ..variants import VARIANTS
+from ..models.admin import profile_omegas
+from ..variants import VARIANTS, needs_profile
 from .data import draw_batches, load_task
 from .training import Trainer, build_variant, check_precision, resolve_device, to_device
 
@@ -34,6 +35,8 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
         encoder_ffn_embed_dim=4 * width, decoder_ffn_embed_dim=4 * width,
         encoder_attention_heads=4, decoder_attention_heads=4,
     ).to(device)
+    if needs_profile(variant):  # Admin: omegas from a profiling pass on the first training batch
+        profile_omegas(model, train[:1], seed=seed)
     trainer = Trainer(task, model, device, precision, lr=lr,
                       lr_schedule=inverse_sqrt_schedule(warmup_updates))
     losses = []
