@@ -131,7 +131,7 @@ def test_admin_trains_through_the_train_driver_and_fairseq_hydra_train(toy_data_
         "--config-name", "admin-3l", f"task.data={toy_data_bin}", f"common.user_dir={USER_DIR}",
         f"checkpoint.save_dir={hydra_dir}", f"model.admin_profile={profile_path}", "common.cpu=true",
         "model.encoder_layers=2", "model.decoder_layers=2", "optimization.max_update=1",
-        "dataset.max_tokens=600", "task.eval_bleu=false", "checkpoint.best_checkpoint_metric=loss",
+        "dataset.max_tokens=600", "checkpoint.best_checkpoint_metric=loss",
         "checkpoint.maximize_best_checkpoint_metric=false",
     ], env=CLI_ENV)
     assert re.search(f"Admin omegas initialised from {re.escape(str(profile_path))}", proc.stdout + proc.stderr)

@@ -176,7 +176,7 @@ def test_shipped_sample_lm_config_trains_with_fairseq_hydra_train(toy_lm, tmp_pa
 def test_lm_configs_differ_only_in_residual_scheme(dataset):
     spec = configs.DATASETS[dataset]
     for layers in spec.depths:
-        rendered = {variant: configs.load(dataset, variant, layers) for variant in configs.VARIANTS}
+        rendered = {variant: configs.load(dataset, variant, layers) for variant in configs.LM_VARIANTS}
         assert rendered["post_ln"]["model"]["_name"] == rendered["pre_ln"]["model"]["_name"] == "transformer_lm"
         assert rendered["resi_dual"]["model"]["_name"] == "resi_dual_lm"
         for variant in ("pre_ln", "resi_dual"):
@@ -227,6 +227,37 @@ def test_benchmark_builds_and_generates_language_models(toy_lm):
     assert sizes["resi_dual"] == sizes["pre_ln"] == sizes["post_ln"] + 2 * 64  # gpt2_tiny width 64
 
 
+def test_tools_offer_language_models_their_three_variants(toy_lm, tmp_path, capsys):
+    """The deep-Transformer baselines are translation models: by default the tools run the
+    three LM variants on LM data, and asking for another is one line, not a crash."""
+    from residual_fairseq import reproduce, train
+    from residual_fairseq.analysis.cli import main as analyze_main
+    from residual_fairseq.benchmark import parse_variants
+    from residual_fairseq.errors import UserError
+
+    prepared, _, _ = toy_lm
+    data = {"sample-lm": prepared / "bin"}
+    assert [run.variant for run in reproduce.matrix(data, tmp_path / "out", layers=[2])] == list(configs.LM_VARIANTS)
+    with pytest.raises(UserError, match="sample-lm is a language modeling dataset: its variants are "
+                                        "post_ln, pre_ln, resi_dual, not b2t"):
+        reproduce.matrix(data, tmp_path / "out", variants=["b2t"], layers=[2])
+    assert parse_variants(None, language_model=True) == list(configs.LM_VARIANTS)
+    with pytest.raises(UserError, match="choose from language models: post_ln, pre_ln, resi_dual"):
+        parse_variants("pre_ln,deepnet", language_model=True)
+    with pytest.raises(UserError, match="has no -s/-t language pair"):
+        train.plan(train.TrainRequest("sample-lm", "resi_dual", 2, prepared / "bin", tmp_path / "ckpt",
+                                      source_lang="en"))
+    assert train.plan(train.TrainRequest("sample-lm", "resi_dual", 2, prepared / "bin",
+                                         tmp_path / "ckpt")).settings["model"]["_name"] == "resi_dual_lm"
+
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_main([str(prepared / "bin"), "--out", str(tmp_path / "analysis"), "--variants", "admin",
+                      "--layers", "2", "--embed-dim", "16", "--batches", "1", "--max-tokens", "256"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: --variants admin: language models come as post_ln, pre_ln, resi_dual"
+
+
 def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
     from residual_fairseq import load_language_model
     from residual_fairseq.errors import UserError
@@ -255,7 +286,7 @@ def test_lm_configs_build_their_models(dataset):
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     for layers in configs.DATASETS[dataset].depths:
         counts = {}
-        for variant in configs.VARIANTS:
+        for variant in configs.LM_VARIANTS:
             settings = configs.load(dataset, variant, layers)
             model_cfg = {**settings["model"], "tokens_per_sample": settings["task"]["tokens_per_sample"],
                          "max_target_positions": None, "add_bos_token": False, "tpu": False}

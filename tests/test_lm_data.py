@@ -118,6 +118,24 @@ def test_own_text_with_held_out_splits(tmp_path):
                   + (out / "test.txt").read_text().splitlines()) == sorted(train.read_text().splitlines())
 
 
+def test_force_replaces_an_earlier_lm_preparation_but_never_the_inputs(tmp_path, capsys):
+    """The output contract of translation data holds for language models: --force
+    replaces what an earlier prepare wrote, and refuses an --out that holds the inputs."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    train = corpus / "mine.txt"
+    train.write_text("".join(f"line number {i} of my own text .\n" for i in range(200)))
+    options = ("--dataset", "custom-lm", "--train", str(train), "--subword", "none")
+    message = error_of(capsys, *options, "--out", str(corpus), "--force")
+    assert "holds an input of this run" in message
+    assert train.is_file() and sorted(p.name for p in corpus.iterdir()) == ["mine.txt"]
+
+    out = tmp_path / "mine"
+    prepare(*options, "--valid-size", "10", "--test-size", "10", "--out", str(out))
+    prepare(*options, "--valid-size", "20", "--test-size", "10", "--out", str(out), "--force")
+    assert json.loads((out / "manifest.json").read_text())["splits"]["valid"]["lines"] == 20
+
+
 @pytest.mark.parametrize("case", ["empty", "binary", "blank_lines", "missing"])
 def test_bad_own_text_is_one_line_and_no_output(tmp_path, capsys, case):
     bad = tmp_path / "bad.txt"

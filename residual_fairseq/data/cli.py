@@ -105,10 +105,16 @@ def main(argv=None):
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     data_logger = logging.getLogger("residual_fairseq.data")
+    saved_level, saved_propagate = data_logger.level, data_logger.propagate
     data_logger.addHandler(handler)
     data_logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
     data_logger.propagate = False  # fairseq configures the root logger; keep one copy of each line
-    options = options_from_arguments(args)
-    result = (prepare_language_model if options.dataset in LM_RECIPES else prepare)(options)
+    try:
+        options = options_from_arguments(args)
+        result = (prepare_language_model if options.dataset in LM_RECIPES else prepare)(options)
+    finally:  # called in-process (tests, notebooks): leave no handler on a stream that may close
+        data_logger.removeHandler(handler)
+        data_logger.setLevel(saved_level)
+        data_logger.propagate = saved_propagate
     print(result.bin_dir)
     return 0

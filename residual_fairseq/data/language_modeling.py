@@ -22,7 +22,6 @@ into place only when complete)::
     OUT/bin/                     dict.txt, {split}.bin/.idx: fairseq-train --task language_modeling OUT/bin
 """
 import datetime
-import json
 import logging
 import os
 import shutil
@@ -32,12 +31,9 @@ from pathlib import Path
 from . import subword
 from .binarize import run_fairseq_preprocess
 from .datasets import HeldOutSplits, Recipe, Source, describe_input
-from .download import default_download_dir, find_file, sha256_of
+from .download import default_download_dir, find_file
 from .errors import DataPreparationError
-from .pipeline import (
-    BINARY_DIR, LOG_NAME, MANIFEST_NAME, PreparedData, existing_preparation, file_records,
-    library_versions, log_file, move_into_place,
-)
+from .pipeline import BINARY_DIR, MANIFEST_FORMAT, input_fingerprints, library_versions, prepare_staged
 from .text import map_lines
 from .textio import UNDECODABLE, SkipCounter, read_lines, read_tsv_pairs, write_lines
 from ..resources import shipped_dir
@@ -46,7 +42,6 @@ logger = logging.getLogger("residual_fairseq.data")
 
 SPLITS = ("train", "valid", "test")
 TEXT_NAME = "{split}.txt"
-MANIFEST_FORMAT = 1
 # Options of the translation recipes that mean nothing for a single text.
 TRANSLATION_ONLY = ("source_lang", "target_lang", "tokenizer", "lowercase", "min_len", "max_len",
                     "length_ratio", "reuse", "subword_model", "srcdict", "tgtdict")
@@ -225,27 +220,9 @@ def prepare_language_model(options):
     if options.download_dir is None:
         options = replace(options, download_dir=default_download_dir())
     settings = recipe.settings(options)
-    settings["inputs"] = {str(path): sha256_of(path) for path in recipe.input_files(options) if Path(path).is_file()}
-    out_dir = Path(options.out).resolve()
-    finished = existing_preparation(out_dir, settings, options.force)
-    if finished:
-        logger.info("%s already holds this preparation (%s); nothing to do", out_dir, MANIFEST_NAME)
-        return finished
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        with log_file(staging / LOG_NAME):
-            manifest = _run(recipe, options, settings, staging)
-        manifest["files"] = file_records(staging)
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
-        move_into_place(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    logger.info("prepared %s in %s (fairseq data: %s)", options.dataset, out_dir, out_dir / BINARY_DIR)
-    return PreparedData(out_dir, manifest)
+    settings["inputs"] = input_fingerprints(options, recipe.input_files(options))
+    return prepare_staged(options, recipe.input_files(options), settings,
+                          lambda staging: _run(recipe, options, settings, staging))
 
 
 def _run(recipe, options, settings, staging):

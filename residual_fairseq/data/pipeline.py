@@ -70,8 +70,20 @@ def prepare(options):
         options = _replace(options, download_dir=default_download_dir())
     settings = options.settings()
     settings["inputs"] = input_fingerprints(options, recipe.input_files(options))
+    return prepare_staged(options, recipe.input_files(options), settings,
+                          lambda staging: run_pipeline(recipe, options, settings, staging))
+
+
+def prepare_staged(options, input_files, settings, build):
+    """The output contract of every recipe (translation and language models).
+
+    ``--out`` may not hold the run's inputs; an identical finished preparation is
+    reused; otherwise ``build(staging)`` writes everything into a staging folder beside
+    ``--out`` and returns the manifest, and the folder is moved into place only when
+    complete (stale staging folders of killed runs are removed first).
+    """
     out_dir = Path(options.out).resolve()
-    check_output_holds_no_input(out_dir, options, recipe.input_files(options))
+    check_output_holds_no_input(out_dir, options, input_files)
     remove_stale_staging(out_dir)
     finished = existing_preparation(out_dir, settings, options.force)
     if finished:
@@ -84,7 +96,7 @@ def prepare(options):
     staging.mkdir()
     try:
         with log_file(staging / LOG_NAME):
-            manifest = run_pipeline(recipe, options, settings, staging)
+            manifest = build(staging)
         manifest["files"] = file_records(staging)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
         move_into_place(staging, out_dir)
@@ -236,7 +248,12 @@ PREPARE_MANIFEST_KEYS = ("format", "dataset", "source_lang", "target_lang", "set
 
 def is_prepare_manifest(manifest) -> bool:
     """Whether a manifest was written by this pipeline (rather than some other tool's manifest.json)."""
-    return (isinstance(manifest, dict) and all(key in manifest for key in PREPARE_MANIFEST_KEYS)
+    if not isinstance(manifest, dict):
+        return False
+    keys = PREPARE_MANIFEST_KEYS
+    if manifest.get("task") == "language_modeling":  # one language, no pair
+        keys = tuple(key for key in keys if key not in ("source_lang", "target_lang"))
+    return (all(key in manifest for key in keys)
             and manifest.get("format") == MANIFEST_FORMAT and isinstance(manifest.get("files"), dict))
 
 
