@@ -3,6 +3,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -225,3 +226,7 @@ def write_report(produce_runs, settings, out: Path):
         raise
     print(f"wrote {out}/analysis.json, gradients.csv, similarity.csv, dual_stream.csv, training.csv, "
           + ", ".join(figures))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,3 +118,7 @@ def main(argv=None):
         data_logger.propagate = saved_propagate
     print(result.bin_dir)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
