@@ -71,9 +71,15 @@ def parse_eval_lm_output(text: str) -> dict:
         tail = " | ".join(line for line in text.strip().splitlines()[-3:])
         raise UserError(f"fairseq-eval-lm gave no perplexity: {tail}")
     tokens = _TOKENS_LINE.search(text)
+    count = int(tokens.group(1).replace(",", "")) if tokens else None
+    if count == 0:
+        # fairseq-eval-lm skips blocks longer than the model's positions and then reports
+        # loss 0 / perplexity 1 over nothing: that is no score.
+        raise UserError("fairseq-eval-lm scored no tokens (perplexity 1.00 over nothing): is --tokens-per-sample "
+                        "more than the model's max positions, or the split empty?")
     loss = float(match.group(1))
     return {"loss_base2": loss, "perplexity": float(match.group(2)), "nll_nats": loss * math.log(2),
-            "tokens": int(tokens.group(1).replace(",", "")) if tokens else None}
+            "tokens": count}
 
 
 def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, context_window=400,

@@ -6,8 +6,10 @@ trained once by ``fairseq-train``; the tests score it with ``fairseq-eval-lm``, 
 from it (Python API and ``fairseq-interactive``), reload it, and train the shipped
 sample-lm config with ``fairseq-hydra-train``.
 """
+import json
 import random
 import re
+import sys
 
 import pytest
 import torch
@@ -258,6 +260,27 @@ def test_tools_offer_language_models_their_three_variants(toy_lm, tmp_path, caps
         "error: --variants admin: language models come as post_ln, pre_ln, resi_dual"
 
 
+def test_reproduce_trains_and_scores_a_language_model_end_to_end(toy_lm, tmp_path):
+    """The drivers on LM data: residual-fairseq-reproduce trains through residual-fairseq-train,
+    scores with fairseq-eval-lm and tabulates perplexity; run.json records the real depth."""
+    prepared, _, _ = toy_lm
+    out = tmp_path / "reproduce"
+    proc = run([sys.executable, "-m", "residual_fairseq.reproduce", "--dataset", "sample-lm", "--data",
+                prepared / "bin", "--variants", "resi_dual", "--layers", "2", "--out", out, "--threads", "1", "--",
+                "--max-update", "30", "--max-tokens", "512",
+                # the toy valid split is 3 blocks: fairseq's batching would drop them as one partial batch of 8
+                "--required-batch-size-multiple", "1"], env=CLI_ENV)
+    save_dir = out / "runs" / "sample-lm" / "resi_dual-2l" / "seed1"
+    record = json.loads((save_dir / "run.json").read_text())
+    assert record["name"] == "resi_dual-2l" and record["model"]["arch"] == "resi_dual_lm"
+    assert record["model"]["decoder_layers"] == 2
+    result = json.loads((save_dir / "result.json").read_text())
+    assert result["tokens"] > 0 and result["perplexity"] > 1 and "fairseq-eval-lm" in result["command"]
+    table = (out / "results-lm.md").read_text()
+    assert f"| sample-lm | resi_dual | 2 | 1 | {result['perplexity']:.2f} |" in table, table
+    assert "note: 1 CPU thread" in proc.stdout
+
+
 def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
     from residual_fairseq import load_language_model
     from residual_fairseq.errors import UserError
@@ -297,3 +320,16 @@ def test_lm_configs_build_their_models(dataset):
             assert model.decoder.project_in_dim is None and model.decoder.project_out_dim is None
             counts[variant] = sum(p.numel() for p in model.parameters())
         assert counts["resi_dual"] == counts["pre_ln"] == counts["post_ln"] + 2 * model.decoder.embed_dim
+
+
+def test_an_evaluation_of_no_tokens_is_an_error_not_perplexity_one():
+    """fairseq-eval-lm reports 'Loss 0, Perplexity 1.00' when it skipped every block
+    (e.g. blocks longer than the model's positions): that must not become a result."""
+    from residual_fairseq.errors import UserError
+    from residual_fairseq.language_models import parse_eval_lm_output
+
+    scored = ("fairseq_cli.eval_lm | Evaluated 309 tokens in 0.1s (3090.00 tokens/s)\n"
+              "fairseq_cli.eval_lm | Loss (base 2): 4.2500, Perplexity: 19.03\n")
+    assert parse_eval_lm_output(scored)["tokens"] == 309
+    with pytest.raises(UserError, match="scored no tokens"):
+        parse_eval_lm_output(scored.replace("309", "0"))
