@@ -52,6 +52,30 @@ def test_depth_benchmark_reports_every_depth_and_variant(toy_data_bin, tmp_path,
         assert f"{row['final_loss']:.3f}" in table
 
 
+def test_depth_benchmark_over_seeds_reports_mean_and_std(toy_data_bin, tmp_path, capsys):
+    """--seeds runs the whole matrix per seed; each seed's runs equal a single --seed run
+    (the seed fixes batches and initialisation), and the summary is their mean ± std."""
+    tiny = ["depth", "--data", str(toy_data_bin), "--depths", "1", "--variants", "post_ln,resi_dual",
+            "--width", "16", "--updates", "3", "--warmup-updates", "1", "--valid-batches", "1", "--threads", "1"]
+    main([*tiny, "--seeds", "1,2", "--json", str(tmp_path / "seeds.json")])
+    table = capsys.readouterr().out
+    main([*tiny, "--seed", "2", "--json", str(tmp_path / "seed2.json")])
+    rows = json.loads((tmp_path / "seeds.json").read_text())["rows"]
+    single = json.loads((tmp_path / "seed2.json").read_text())["rows"]
+    assert [(r["seed"], r["variant"]) for r in rows] == [(1, "post_ln"), (1, "resi_dual"),
+                                                          (2, "post_ln"), (2, "resi_dual")]
+    assert [r["valid_loss"] for r in rows[2:]] == [r["valid_loss"] for r in single]
+    assert rows[0]["valid_loss"] != rows[2]["valid_loss"]
+    for variant in ("post_ln", "resi_dual"):
+        losses = [r["valid_loss"] for r in rows if r["variant"] == variant]
+        mean, std = sum(losses) / 2, abs(losses[0] - losses[1]) / math.sqrt(2)
+        assert f"{mean:.3f} ± {std:.3f}" in table
+    with pytest.raises(SystemExit) as exit_info:
+        main([*tiny, "--seeds", "1,x"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--seeds '1,x': expected distinct non-negative integers, e.g. 1,2,3")
+
+
 def test_ratios_are_paired_within_repeats_and_targets_judge_resi_dual():
     runs = []
     for repeat, drift in enumerate((1.0, 0.5)):  # the machine got twice as slow in repeat 2

@@ -75,6 +75,16 @@ def parse_depths(text):
     return depths
 
 
+def parse_seeds(text):
+    """``--seeds 1,2,3`` -> [1, 2, 3]; None stays None (then --seed)."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(item.isdigit() for item in items) or len(set(items)) != len(items):
+        raise UserError(f"--seeds {text!r}: expected distinct non-negative integers, e.g. 1,2,3")
+    return [int(item) for item in items]
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="residual-fairseq-benchmark", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +125,9 @@ def build_parser():
     depth.add_argument("--lr", type=positive_float, default=1e-3)
     depth.add_argument("--warmup-updates", type=nonnegative_int, default=100)
     depth.add_argument("--valid-batches", type=positive_int, default=20)
+    depth.add_argument("--seeds", default=None,
+                       help="comma-separated seeds, each a full run of every depth and variant, with a "
+                            "mean ± std table (default: --seed)")
     return parser
 
 
@@ -156,7 +169,7 @@ def main(argv=None):
         report = run_depth_benchmark(
             args.data, parse_depths(args.depths), width=args.width, updates=args.updates,
             lr=args.lr, warmup_updates=args.warmup_updates, valid_batches=args.valid_batches,
-            **common,
+            seeds=parse_seeds(args.seeds), **common,
         )
         render = depth_report
     report["environment"] = started

@@ -55,30 +55,50 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
 
 def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, updates=300,
                         lr=1e-3, warmup_updates=100, max_tokens=2048, valid_batches=20,
-                        device="auto", precision="fp32", threads=None, seed=1,
+                        device="auto", precision="fp32", threads=None, seed=1, seeds=None,
                         source_lang=None, target_lang=None, progress=print) -> dict:
-    """Train every variant at every depth; returns settings and one row per run."""
+    """Train every variant at every depth, for each seed (``seeds``, default ``[seed]``);
+    returns settings and one row per run. A seed fixes the batches and every initialisation."""
     if updates < 1 or width < 4 or width % 4:
         raise UserError("--updates must be >= 1 and --width a positive multiple of 4 (4 heads)")
+    seeds = list(seeds) if seeds else [seed]
     device = resolve_device(device)
     check_precision(precision, device)
     if threads:
         torch.set_num_threads(threads)
     task = load_task(data, source_lang, target_lang)
-    train = [to_device(b, device) for b in draw_batches(task, "train", updates, max_tokens=max_tokens, seed=seed)]
     valid = [to_device(b, device) for b in
              draw_batches(task, "valid", None, max_tokens=max_tokens, shuffle=False)[:valid_batches]]
     rows = []
-    for layers in depths:
-        for variant in variants:
-            row = train_one(task, variant, layers, width, train, valid, lr, warmup_updates,
-                            device, precision, seed)
-            rows.append(row)
-            progress(f"L{layers} {variant}: loss {row['start_loss']:.3f} -> {row['final_loss']:.3f}, "
-                     f"valid {row['valid_loss']:.3f}{' DIVERGED' if row['diverged'] else ''}")
+    for run_seed in seeds:
+        train = [to_device(b, device)
+                 for b in draw_batches(task, "train", updates, max_tokens=max_tokens, seed=run_seed)]
+        for layers in depths:
+            for variant in variants:
+                row = train_one(task, variant, layers, width, train, valid, lr, warmup_updates,
+                                device, precision, run_seed)
+                rows.append({**row, "seed": run_seed})
+                progress(f"seed {run_seed} L{layers} {variant}: loss {row['start_loss']:.3f} -> "
+                         f"{row['final_loss']:.3f}, valid {row['valid_loss']:.3f}"
+                         f"{' DIVERGED' if row['diverged'] else ''}")
     settings = {"data": str(data), "depths": list(depths), "variants": list(variants),
                 "width": width, "ffn": 4 * width, "heads": 4, "updates": updates, "lr": lr,
                 "warmup_updates": warmup_updates, "lr_scheduler": "inverse_sqrt",
                 "max_tokens": max_tokens, "valid_batches": len(valid), "device": str(device),
-                "precision": precision, "threads": torch.get_num_threads(), "seed": seed}
+                "precision": precision, "threads": torch.get_num_threads(), "seeds": seeds}
     return {"settings": settings, "rows": rows}
+
+
+def summarize_seeds(rows) -> list:
+    """One row per (layers, variant): valid loss mean and sample std over seeds, divergences counted."""
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["layers"], row["variant"]), []).append(row)
+    summary = []
+    for (layers, variant), runs in groups.items():
+        losses = [run["valid_loss"] for run in runs]
+        mean = sum(losses) / len(losses)
+        std = math.sqrt(sum((x - mean) ** 2 for x in losses) / (len(losses) - 1)) if len(losses) > 1 else None
+        summary.append({"layers": layers, "variant": variant, "seeds": len(runs), "valid_loss_mean": mean,
+                        "valid_loss_std": std, "diverged": sum(run["diverged"] for run in runs)})
+    return summary

@@ -92,19 +92,32 @@ def speed_report(report, markdown=False) -> str:
 
 
 def depth_report(report, markdown=False) -> str:
+    from .depth import summarize_seeds
+
     s = report["settings"]
+    seeds = s.get("seeds", [s.get("seed")])  # records written before --seeds hold one "seed"
     headers = ["layers", "variant", "start loss", "final train loss", "valid loss", "diverged"]
     rows = [[str(r["layers"]), r["variant"], f"{r['start_loss']:.3f}", f"{r['final_loss']:.3f}",
              f"{r['valid_loss']:.3f}", "yes" if r["diverged"] else "no"] for r in report["rows"]]
+    if len(seeds) > 1:
+        headers.insert(0, "seed")
+        rows = [[str(r["seed"])] + row for r, row in zip(report["rows"], rows)]
     intro = (
         f"Depth stability: width {s['width']} (ffn {s['ffn']}, {s['heads']} heads), "
         f"{s['updates']} updates of max_tokens {s['max_tokens']}, Adam lr {s['lr']} with "
-        f"inverse_sqrt after {s['warmup_updates']} warm-up updates, seed {s['seed']}, "
-        f"{s['device']} {s['precision']}. Losses in bits/token (label-smoothed, as fairseq logs); "
-        f"final = mean of the last tenth of updates; valid on {s['valid_batches']} batches. "
-        f"Diverged = NaN/inf or final loss not below the start."
+        f"inverse_sqrt after {s['warmup_updates']} warm-up updates, seed{'s' if len(seeds) > 1 else ''} "
+        f"{', '.join(str(seed) for seed in seeds)}, {s['device']} {s['precision']}. Losses in bits/token "
+        f"(label-smoothed, as fairseq logs); final = mean of the last tenth of updates; valid on "
+        f"{s['valid_batches']} batches. Diverged = NaN/inf or final loss not below the start."
     )
-    return intro + "\n\n" + table(headers, rows, markdown)
+    text = intro + "\n\n" + table(headers, rows, markdown)
+    if len(seeds) > 1:
+        summary = [[str(r["layers"]), r["variant"],
+                    f"{r['valid_loss_mean']:.3f} ± {r['valid_loss_std']:.3f}", f"{r['diverged']}/{r['seeds']}"]
+                   for r in summarize_seeds(report["rows"])]
+        text += ("\n\nOver the seeds (mean ± sample std):\n\n"
+                 + table(["layers", "variant", "valid loss", "diverged"], summary, markdown))
+    return text
 
 
 def write_outputs(report, render, json_path=None, markdown_path=None):
