@@ -30,8 +30,8 @@ from typing import List, Optional, Sequence, Union
 from . import USER_DIR
 from .atomic import write_text_atomically
 from .errors import UserError
-from .runtime import thread_environment
-from .safe_checkpoints import verify_checkpoint_file
+from .runtime import quiet_hub_batches, thread_environment
+from .safe_checkpoints import read_checkpoint, verify_checkpoint_file
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
 _TOKENS_LINE = re.compile(r"Evaluated ([0-9,]+) tokens")
@@ -141,11 +141,13 @@ class LanguageModel:
         prompts = list(prompts)
         if not prompts:
             return []
-        return self.hub.sample(prompts, beam=beam, sampling=sampling, max_len_b=max_len_b, **options)
+        with quiet_hub_batches():
+            return self.hub.sample(prompts, beam=beam, sampling=sampling, max_len_b=max_len_b, **options)
 
     def perplexity(self, text: str) -> float:
         """Perplexity of one line of text (each token scored given the tokens before it)."""
-        scores = self.hub.score(text)["positional_scores"]
+        with quiet_hub_batches():
+            scores = self.hub.score(text)["positional_scores"]
         return float(scores.mean().neg().exp())
 
 
@@ -162,13 +164,13 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     ``data`` is the fairseq data directory holding ``dict.txt`` (default: the
     checkpoint's training data, as stored in it).
     """
-    from fairseq.models.transformer_lm import TransformerLanguageModel
+    from .translate import load_hub
 
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
-    verify_checkpoint_file(checkpoint)
-    task, stored_data = _stored_task(checkpoint)
+    state = read_checkpoint(checkpoint)  # read once and checked; the model is built from this state
+    task, stored_data = _stored_task(state)
     if task != "language_modeling":
         raise UserError(f"{checkpoint} is a {task or 'unknown-task'} checkpoint, not a language model "
                         "(for translation models use residual_fairseq.translate)")
@@ -179,10 +181,9 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     data = Path(data)
     if not (data / "dict.txt").is_file():
         raise UserError(f"{data} holds no language-model dictionary (dict.txt): pass --data the prepared bin/")
-    # Every transformer_lm subclass shares from_pretrained; the stored arch picks the class.
-    hub = TransformerLanguageModel.from_pretrained(
-        str(checkpoint.parent), checkpoint_file=checkpoint.name, data_name_or_path=str(data.resolve()),
-        user_dir=USER_DIR, **_subword_of(data))
+    # fairseq's hub interface, as TransformerLanguageModel.from_pretrained builds it, but
+    # without a second open of the file by name (nor from_pretrained's split on ':').
+    hub = load_hub(checkpoint, data, state=state, **_subword_of(data))
     if cpu is False:
         hub.cuda()
     elif cpu is None:
@@ -194,11 +195,8 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     return LanguageModel(hub)
 
 
-def _stored_task(checkpoint: Path):
-    """(task name, data directory) as stored in a (verified) checkpoint."""
-    import torch
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+def _stored_task(state: dict):
+    """(task name, data directory) as stored in a verified checkpoint state."""
     cfg = state.get("cfg") or {}
     task = cfg.get("task") if isinstance(cfg, dict) else None
     if isinstance(task, dict):

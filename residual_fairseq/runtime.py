@@ -14,8 +14,10 @@ DEBUG (matplotlib's font search, PIL, urllib3...) floods the terminal. The CLIs 
 the root logger to INFO unless ``--verbose`` is given (:func:`configure_logging`,
 called by :func:`residual_fairseq.errors.cli_main`).
 """
+import contextlib
 import logging
 import os
+import warnings
 
 THREADS_ENV = "RESIDUAL_FAIRSEQ_THREADS"
 MAX_DEFAULT_THREADS = 8
@@ -83,14 +85,17 @@ def add_verbose_flag(parser):
 
 
 def undo_debug_logging_of_fairseq_import(level_before: int) -> None:
-    """Put the root logger back from DEBUG to INFO when importing fairseq (not the user) set DEBUG.
+    """Put the root logger back to its level from before importing fairseq, when that
+    import (not the user) set it to DEBUG.
 
-    INFO keeps fairseq's own messages; only DEBUG records (matplotlib's font search on
-    import...) are dropped. A root logger the user had set to DEBUG is left alone.
+    Importing fairseq sets the root logger to DEBUG: matplotlib's font search, and
+    fairseq's INFO chatter on every batch iterator, would reach a Python user who never
+    asked for logging. The CLIs set their own level (:func:`configure_logging`: INFO,
+    DEBUG with --verbose); a root logger the user had set to DEBUG is left alone.
     """
     root = logging.getLogger()
     if root.level == logging.DEBUG and level_before != logging.DEBUG:
-        root.setLevel(logging.INFO)
+        root.setLevel(level_before)
 
 
 def configure_logging(verbose: bool = False) -> None:
@@ -98,3 +103,13 @@ def configure_logging(verbose: bool = False) -> None:
     logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
+@contextlib.contextmanager
+def quiet_hub_batches():
+    """fairseq's hub interface builds its batch iterator with ``pin_memory=True``; on a
+    machine without CUDA torch warns about it on every call. Only that warning is hidden."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator",
+                                category=UserWarning)
+        yield

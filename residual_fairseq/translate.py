@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence, Union
 
 from .argtypes import finite_float, int_at_least, positive_int, read_user_lines, decode_user_text, split_lines
 from .errors import UserError, cli_main
-from .runtime import add_threads_flag, add_verbose_flag, use_threads
+from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
 from .safe_checkpoints import WeightsMismatchError, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
@@ -78,7 +78,8 @@ class Translator:
                 raise SentenceTooLongError(i, len(encoded), self.max_source_tokens)
         translations = [""] * len(sentences)
         if tokens:
-            hypotheses = self.hub.generate(tokens, beam=beam, **generation_options)
+            with quiet_hub_batches():
+                hypotheses = self.hub.generate(tokens, beam=beam, **generation_options)
             for i, nbest in zip(todo, hypotheses):
                 translations[i] = self.hub.decode(nbest[0]["tokens"])
         return translations

@@ -97,6 +97,24 @@ def test_sampling_and_beam_search_from_python(toy_lm):
     assert lm.perplexity("w1 w2 w3 w4 w5 w6") < lm.perplexity("w6 w1 w5 w2 w4 w3")
 
 
+def test_python_api_loads_once_and_talks_only_when_asked(toy_lm, tmp_path):
+    """In a plain Python session: a file name with ':' is one file (fairseq's from_pretrained
+    would split it into an ensemble), and loading and sampling print nothing on stderr
+    (no fairseq INFO lines, no torch pin_memory warning)."""
+    import shutil
+
+    prepared, save_dir, _ = toy_lm
+    checkpoint = tmp_path / "run:1.pt"
+    shutil.copy(save_dir / "checkpoint_last.pt", checkpoint)
+    script = ("from residual_fairseq import load_language_model\n"
+              f"lm = load_language_model({str(checkpoint)!r}, data={str(prepared / 'bin')!r})\n"
+              "print(lm.sample('w3 w4 w5', beam=2, max_len_b=3))\n"
+              "print(round(lm.perplexity('w1 w2 w3'), 3))\n")
+    proc = run([sys.executable, "-c", script], env=CLI_ENV)
+    assert proc.stdout.startswith("w3 w4 w5"), proc.stdout
+    assert proc.stderr == "", proc.stderr[-2000:]
+
+
 def test_fairseq_interactive_generates(toy_lm):
     prepared, save_dir, _ = toy_lm
     proc = subprocess_run_with_input(
