@@ -30,9 +30,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
@@ -42,7 +40,9 @@ from .argtypes import check_output_file, finite_float, int_at_least, positive_in
 from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
 from .errors import UserError, cli_main
-from .runtime import add_threads_flag, add_verbose_flag, resolve_threads, thread_environment, threads_note
+from .runtime import (
+    add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
+)
 from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations
 
@@ -104,13 +104,6 @@ def unsplittable_path(checkpoint):
         yield link
 
 
-def fairseq_generate_executable():
-    """``fairseq-generate`` of this Python's environment (or on PATH)."""
-    beside_python = Path(sys.executable).with_name("fairseq-generate")
-    if beside_python.is_file():
-        return str(beside_python)
-    return shutil.which("fairseq-generate") or "fairseq-generate"
-
 
 def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, max_tokens=4096,
                      batch_size=None, subword=None, cpu=None, user_dir=USER_DIR,
@@ -121,7 +114,7 @@ def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, ma
 
         cpu = not torch.cuda.is_available()
     command = [
-        fairseq_generate_executable(), str(data_bin), "--path", str(checkpoint), "--user-dir", str(user_dir),
+        fairseq_executable("fairseq-generate"), str(data_bin), "--path", str(checkpoint), "--user-dir", str(user_dir),
         "--gen-subset", subset, "--beam", str(beam), "--lenpen", str(lenpen),
         "--max-tokens", str(max_tokens), "--num-workers", "0",
         # fairseq's compiled batch_by_size (data_utils_fast in the ve-fairseq wheel)

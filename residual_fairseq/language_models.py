@@ -23,27 +23,17 @@ import math
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from . import USER_DIR
 from .atomic import write_text_atomically
 from .errors import UserError
-from .runtime import quiet_hub_batches, thread_environment
+from .runtime import fairseq_executable, quiet_hub_batches, thread_environment
 from .safe_checkpoints import read_checkpoint, verify_checkpoint_file
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
 _TOKENS_LINE = re.compile(r"Evaluated ([0-9,]+) tokens")
-
-
-def fairseq_eval_lm_executable() -> str:
-    import shutil
-
-    beside_python = Path(sys.executable).with_name("fairseq-eval-lm")
-    if beside_python.is_file():
-        return str(beside_python)
-    return shutil.which("fairseq-eval-lm") or "fairseq-eval-lm"
 
 
 def eval_lm_command(checkpoint, data_bin, subset="test", tokens_per_sample=512, context_window=400,
@@ -52,7 +42,7 @@ def eval_lm_command(checkpoint, data_bin, subset="test", tokens_per_sample=512, 
     if not 0 <= context_window < tokens_per_sample:
         raise UserError(f"--context-window must be at least 0 and below --tokens-per-sample "
                         f"({tokens_per_sample}), got {context_window}")
-    command = [fairseq_eval_lm_executable(), str(data_bin), "--path", str(checkpoint), "--user-dir", USER_DIR,
+    command = [fairseq_executable("fairseq-eval-lm"), str(data_bin), "--path", str(checkpoint), "--user-dir", USER_DIR,
                "--gen-subset", subset, "--tokens-per-sample", str(tokens_per_sample),
                "--context-window", str(context_window), "--max-tokens", str(max_tokens),
                "--sample-break-mode", "none"]

@@ -25,6 +25,19 @@ MAX_DEFAULT_THREADS = 8
 NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "h5py", "numexpr")
 
 
+def fairseq_executable(name: str) -> str:
+    """The fairseq console script ``name`` (``fairseq-train``...) of this Python's
+    environment, else the one on PATH: a subprocess runs the fairseq this process imports."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside_python = Path(sys.executable).with_name(name)
+    if beside_python.is_file():
+        return str(beside_python)
+    return shutil.which(name) or name
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +43,9 @@ from typing import List, Optional
 from . import USER_DIR, configs
 from .argtypes import check_output_dir, int_at_least, positive_int
 from .errors import UserError, cli_main
-from .runtime import add_threads_flag, add_verbose_flag, resolve_threads, thread_environment, threads_note
+from .runtime import (
+    add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
+)
 from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
 from .variants import VARIANTS, needs_profile
 
@@ -81,13 +82,6 @@ class TrainPlan:
     def describe(self) -> str:
         return "\n".join(shlex.join(command) for command in self.commands)
 
-
-def fairseq_train_executable() -> str:
-    """``fairseq-train`` of this Python's environment (or on PATH)."""
-    beside_python = Path(sys.executable).with_name("fairseq-train")
-    if beside_python.is_file():
-        return str(beside_python)
-    return shutil.which("fairseq-train") or "fairseq-train"
 
 
 def cuda_available() -> bool:
@@ -146,7 +140,7 @@ def plan(request: TrainRequest) -> TrainPlan:
     if (save_dir / "checkpoint_last.pt").is_file():
         notes.append(f"fairseq will resume from {save_dir / 'checkpoint_last.pt'}")
 
-    base = [fairseq_train_executable()] + configs.fairseq_train_args(settings) + list(request.extra_args)
+    base = [fairseq_executable("fairseq-train")] + configs.fairseq_train_args(settings) + list(request.extra_args)
     if request.nprocs > 1:
         # Without it, rank 0 sends the resumed state to the others through
         # torch.load of an in-memory pickle, which weights-only loading refuses.

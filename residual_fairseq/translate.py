@@ -94,6 +94,24 @@ def find_subword_model(data_dir):
     return None, None
 
 
+# fairseq's bpe name -> the hub option that names its model file.
+SUBWORD_OPTION = {"sentencepiece": "sentencepiece_model", "subword_nmt": "bpe_codes"}
+
+
+def subword_options(bpe, path) -> dict:
+    """The hub option naming subword model ``path`` of fairseq bpe ``bpe``, the file checked first."""
+    if bpe not in SUBWORD_OPTION:
+        raise UserError(f"unknown bpe {bpe!r}; choose sentencepiece, subword_nmt, auto or none")
+    option = SUBWORD_OPTION[bpe]
+    if not path or not Path(path).is_file():
+        raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
+    from .data.subword import check_model_file
+
+    # A garbage codes/model file: one line, not subword-nmt's or sentencepiece's traceback.
+    check_model_file(path, "spm" if bpe == "sentencepiece" else "bpe")
+    return {option: str(Path(path).resolve())}
+
+
 def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_codes=None,
                     sentencepiece_model=None, tokenizer: Optional[str] = None, cpu: Optional[bool] = None,
                     **overrides) -> Translator:
@@ -131,19 +149,9 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
                 sentencepiece_model = found
             elif bpe == "subword_nmt":
                 bpe_codes = found
-    subword_files = {"sentencepiece": ("sentencepiece_model", sentencepiece_model),
-                     "subword_nmt": ("bpe_codes", bpe_codes)}
     if bpe is not None:
-        if bpe not in subword_files:
-            raise UserError(f"unknown bpe {bpe!r}; choose sentencepiece, subword_nmt, auto or none")
-        option, path = subword_files[bpe]
-        if not path or not Path(path).is_file():
-            raise UserError(f"{bpe} needs its model file ({option}), not found: {path}")
-        from .data.subword import check_model_file
-
-        # A garbage codes/model file: one line, not subword-nmt's or sentencepiece's traceback.
-        check_model_file(path, "spm" if bpe == "sentencepiece" else "bpe")
-        overrides[option] = str(Path(path).resolve())
+        overrides.update(subword_options(bpe, {"sentencepiece": sentencepiece_model,
+                                               "subword_nmt": bpe_codes}.get(bpe)))
     hub = load_hub(checkpoint, data, state=state, bpe=bpe, tokenizer=tokenizer, **overrides)
     if cpu is None:
         import torch
