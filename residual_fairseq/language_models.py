@@ -142,10 +142,12 @@ class LanguageModel:
 
 
 def _subword_of(data_bin: Path):
-    for directory in (data_bin, data_bin.parent):
-        if (directory / "spm.model").is_file():
-            return {"bpe": "sentencepiece", "sentencepiece_model": str(directory / "spm.model")}
-    return {}
+    """The hub's bpe options for the subword model beside ``data_bin`` (sentencepiece, or
+    subword-nmt codes from ``--subword bpe``), found and checked as translate does."""
+    from .translate import find_subword_model, subword_options
+
+    bpe, path = find_subword_model(data_bin)
+    return {} if bpe is None else {"bpe": bpe, **subword_options(bpe, path)}
 
 
 def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> LanguageModel:

@@ -351,3 +351,19 @@ def test_an_evaluation_of_no_tokens_is_an_error_not_perplexity_one():
     assert parse_eval_lm_output(scored)["tokens"] == 309
     with pytest.raises(UserError, match="scored no tokens"):
         parse_eval_lm_output(scored.replace("309", "0"))
+
+
+def test_language_models_use_the_subword_model_beside_their_data(tmp_path):
+    """prepare writes spm.model (sentencepiece) or bpe.codes (--subword bpe) beside bin/:
+    either one is applied to the text, as for translation; none means text is used as is."""
+    from residual_fairseq.errors import UserError
+    from residual_fairseq.language_models import _subword_of
+
+    (tmp_path / "bin").mkdir()
+    assert _subword_of(tmp_path / "bin") == {}
+    (tmp_path / "bpe.codes").write_text("#version: 0.2\nt h\nth e</w>\n")
+    assert _subword_of(tmp_path / "bin") == {"bpe": "subword_nmt", "bpe_codes": str(tmp_path / "bpe.codes")}
+    (tmp_path / "bpe.codes").write_text("not a codes file at all\n")
+    with pytest.raises(UserError, match="is not a subword-nmt codes file"):
+        _subword_of(tmp_path / "bin")
+
