@@ -13,7 +13,11 @@ import os
 
 _ROOT_LOG_LEVEL = logging.getLogger().level  # before fairseq's import sets it to DEBUG (see runtime)
 
-from . import config_strings, runtime, safe_checkpoints  # noqa: E402
+from . import runtime  # noqa: E402  (stdlib only)
+
+runtime.exit_quietly_on_interrupt_while_starting()  # before the seconds of importing fairseq
+
+from . import config_strings, safe_checkpoints  # noqa: E402
 from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)
 
 __version__ = "0.1.0"

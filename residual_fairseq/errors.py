@@ -18,8 +18,9 @@ def cli_main(main):
 
     @functools.wraps(main)
     def wrapper(argv=None):
-        from .runtime import configure_logging
+        from .runtime import catch_interrupts, configure_logging
 
+        catch_interrupts()
         words = sys.argv[1:] if argv is None else [str(word) for word in argv]
         configure_logging(verbose="--verbose" in words[:words.index("--")] if "--" in words else "--verbose" in words)
         try:

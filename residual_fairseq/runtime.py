@@ -17,6 +17,8 @@ called by :func:`residual_fairseq.errors.cli_main`).
 import contextlib
 import logging
 import os
+import signal
+import sys
 import warnings
 
 THREADS_ENV = "RESIDUAL_FAIRSEQ_THREADS"
@@ -25,11 +27,36 @@ MAX_DEFAULT_THREADS = 8
 NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "h5py", "numexpr")
 
 
+def _interrupted_while_starting(signum, frame):
+    print("error: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+def exit_quietly_on_interrupt_while_starting() -> None:
+    """In a ``residual-fairseq-*`` command, make Ctrl-C during start-up one line and exit 130.
+
+    Importing fairseq takes seconds, and it happens when the console script imports this
+    package, before :func:`residual_fairseq.errors.cli_main` can catch KeyboardInterrupt.
+    cli_main puts Python's own handler back (:func:`catch_interrupts`). Other programs that
+    import the package (a Python session, fairseq-train with --user-dir) are left alone.
+    """
+    if os.path.basename(sys.argv[0] if sys.argv else "").startswith("residual-fairseq-"):
+        try:
+            signal.signal(signal.SIGINT, _interrupted_while_starting)
+        except ValueError:  # not the main thread
+            pass
+
+
+def catch_interrupts() -> None:
+    """Ctrl-C raises KeyboardInterrupt again (undoes :func:`exit_quietly_on_interrupt_while_starting`)."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def fairseq_executable(name: str) -> str:
     """The fairseq console script ``name`` (``fairseq-train``...) of this Python's
     environment, else the one on PATH: a subprocess runs the fairseq this process imports."""
     import shutil
-    import sys
     from pathlib import Path
 
     beside_python = Path(sys.executable).with_name(name)

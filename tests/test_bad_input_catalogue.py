@@ -231,3 +231,21 @@ def test_no_debug_lines_or_import_noise(tmp_path):
         proc = run([sys.executable, "-c",
                     f"import logging; {setup}import residual_fairseq; print(logging.getLogger().level)"], env=CLI_ENV)
         assert proc.stdout.strip().splitlines()[-1] == str(level)
+
+
+def test_ctrl_c_while_a_command_starts_is_one_line():
+    """Ctrl-C in the seconds a residual-fairseq-* command spends importing fairseq, before its
+    main() runs: one 'error: interrupted' line and exit 130, not a traceback through fairseq."""
+    import signal
+    import subprocess
+    import time
+
+    from helpers import CLI_ENV, fairseq_cli
+
+    proc = subprocess.Popen([fairseq_cli("residual-fairseq-evaluate"), "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=CLI_ENV)
+    time.sleep(0.8)  # importing fairseq takes several seconds
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert err.strip().splitlines() == ["error: interrupted"] and out == ""
