@@ -16,6 +16,7 @@ _ROOT_LOG_LEVEL = logging.getLogger().level  # before fairseq's import sets it t
 from . import runtime  # noqa: E402  (stdlib only)
 
 runtime.exit_quietly_on_interrupt_while_starting()  # before the seconds of importing fairseq
+runtime.report_user_errors_in_fairseq_commands()  # a refused checkpoint in fairseq-generate: one line
 
 from . import config_strings, safe_checkpoints  # noqa: E402
 from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)

@@ -53,6 +53,32 @@ def catch_interrupts() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _one_line_for_user_errors(previous_hook):
+    def hook(kind, error, trace):
+        from .errors import UserError
+
+        if isinstance(error, UserError):
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        else:
+            previous_hook(kind, error, trace)
+
+    hook.residual_fairseq = True
+    return hook
+
+
+def report_user_errors_in_fairseq_commands() -> None:
+    """In fairseq's own console scripts (fairseq-generate, -interactive, -train...), a
+    :class:`~residual_fairseq.errors.UserError` that escapes them (a checkpoint the plugin
+    refuses) is one ``error:`` line instead of a traceback through fairseq; the exit
+    status stays Python's 1. Any other exception keeps its traceback, and programs that
+    are not fairseq commands (a Python session, a user's script) are left alone.
+    """
+    if not os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-"):
+        return
+    if not getattr(sys.excepthook, "residual_fairseq", False):
+        sys.excepthook = _one_line_for_user_errors(sys.excepthook)
+
+
 def fairseq_executable(name: str) -> str:
     """The fairseq console script ``name`` (``fairseq-train``...) of this Python's
     environment, else the one on PATH: a subprocess runs the fairseq this process imports."""

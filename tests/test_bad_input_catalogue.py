@@ -249,3 +249,30 @@ def test_ctrl_c_while_a_command_starts_is_one_line():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert err.strip().splitlines() == ["error: interrupted"] and out == ""
+
+
+def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
+    """Importing the plugin into a fairseq-* console script makes a UserError that escapes
+    fairseq (a refused checkpoint) one line; other errors and other programs keep Python's hook."""
+    import sys
+
+    from residual_fairseq import runtime
+    from residual_fairseq.errors import UserError
+
+    seen = []
+
+    def python_hook(kind, error, trace):
+        seen.append(kind)
+
+    monkeypatch.setattr(sys, "excepthook", python_hook)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/python3", "script.py"])
+    runtime.report_user_errors_in_fairseq_commands()
+    assert sys.excepthook is python_hook  # not a fairseq command: untouched
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate", "data-bin"])
+    runtime.report_user_errors_in_fairseq_commands()
+    runtime.report_user_errors_in_fairseq_commands()  # a second import does not stack hooks
+    sys.excepthook(UserError, UserError("checkpoint x.pt is truncated"), None)
+    assert capsys.readouterr().err == "error: checkpoint x.pt is truncated\n" and seen == []
+    sys.excepthook(ValueError, ValueError("a bug"), None)
+    assert seen == [ValueError] and capsys.readouterr().err == ""
