@@ -32,15 +32,24 @@ def _interrupted_while_starting(signum, frame):
     os._exit(130)
 
 
+def _is_project_command(program: str) -> bool:
+    """A ``residual-fairseq-*`` console script, or ``python scripts/X.py`` of a source checkout."""
+    if os.path.basename(program).startswith("residual-fairseq-"):
+        return True
+    checkout_scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "scripts")
+    return program.endswith(".py") and os.path.dirname(os.path.realpath(program)) == checkout_scripts
+
+
 def exit_quietly_on_interrupt_while_starting() -> None:
-    """In a ``residual-fairseq-*`` command, make Ctrl-C during start-up one line and exit 130.
+    """In a ``residual-fairseq-*`` command (or ``python scripts/X.py``), make Ctrl-C during
+    start-up one line and exit 130.
 
     Importing fairseq takes seconds, and it happens when the console script imports this
     package, before :func:`residual_fairseq.errors.cli_main` can catch KeyboardInterrupt.
     cli_main puts Python's own handler back (:func:`catch_interrupts`). Other programs that
     import the package (a Python session, fairseq-train with --user-dir) are left alone.
     """
-    if os.path.basename(sys.argv[0] if sys.argv else "").startswith("residual-fairseq-"):
+    if _is_project_command(sys.argv[0] if sys.argv else ""):
         try:
             signal.signal(signal.SIGINT, _interrupted_while_starting)
         except ValueError:  # not the main thread

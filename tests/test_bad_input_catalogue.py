@@ -234,21 +234,25 @@ def test_no_debug_lines_or_import_noise(tmp_path):
 
 
 def test_ctrl_c_while_a_command_starts_is_one_line():
-    """Ctrl-C in the seconds a residual-fairseq-* command spends importing fairseq, before its
-    main() runs: one 'error: interrupted' line and exit 130, not a traceback through fairseq."""
+    """Ctrl-C in the seconds a residual-fairseq-* command (or python scripts/X.py) spends
+    importing fairseq, before its main() runs: one 'error: interrupted' line and exit 130, not a traceback through fairseq."""
     import signal
     import subprocess
     import time
 
     from helpers import CLI_ENV, fairseq_cli
 
-    proc = subprocess.Popen([fairseq_cli("residual-fairseq-evaluate"), "--help"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=CLI_ENV)
-    time.sleep(0.8)  # importing fairseq takes several seconds
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
-    assert err.strip().splitlines() == ["error: interrupted"] and out == ""
+    from pathlib import Path
+
+    checkout_script = Path(__file__).resolve().parent.parent / "scripts" / "evaluate.py"
+    for command in ([fairseq_cli("residual-fairseq-evaluate"), "--help"],
+                    [sys.executable, str(checkout_script), "--help"]):
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
+        time.sleep(0.8)  # importing fairseq takes several seconds
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (command, proc.returncode, err[-2000:])
+        assert err.strip().splitlines() == ["error: interrupted"] and out == "", command
 
 
 def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
