@@ -5,6 +5,29 @@ import tempfile
 from pathlib import Path
 
 
+def current_umask() -> int:
+    """The process's umask (Python 3.11 has no getter that leaves it untouched)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_default_permissions(path, directory: bool = False) -> None:
+    """The mode a plain ``open()``/``mkdir()`` would have given ``path`` under the umask.
+
+    ``tempfile`` creates files 0600 and directories 0700; published under the final name
+    as they are, a user's results would be unreadable to the group that shares them.
+    """
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
 @contextlib.contextmanager
 def atomic_output(output):
     """Yield a temporary path beside ``output``; move it into place only if the block succeeds.
@@ -19,6 +42,7 @@ def atomic_output(output):
     os.close(handle)
     try:
         yield tmp
+        give_default_permissions(tmp)
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):

@@ -193,3 +193,20 @@ def test_fairseq_generate_refuses_a_crafted_checkpoint(toy_data_bin, tmp_path):
     ], check=False)
     assert proc.returncode != 0 and "CheckpointError: refusing to load checkpoint" in proc.stderr + proc.stdout
     assert not marker.exists()
+
+
+def test_published_outputs_get_the_permissions_of_a_plain_write(tmp_path):
+    """Results are written to a tempfile (0600) or tempdir (0700) and renamed: once published
+    they must have the mode open()/mkdir() would give them under the umask, so that a
+    group sharing a results dir can read them."""
+    from residual_fairseq.analysis.cli import prepare_out_dir
+    from residual_fairseq.atomic import write_text_atomically
+
+    previous = os.umask(0o027)
+    try:
+        write_text_atomically(tmp_path / "results.md", "| a |\n")
+        out_dir = prepare_out_dir(tmp_path / "analysis")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "results.md").stat().st_mode & 0o777 == 0o640
+    assert out_dir.stat().st_mode & 0o777 == 0o750

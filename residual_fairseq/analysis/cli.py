@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from ..argtypes import check_output_dir, finite_float, nonnegative_float, positive_float
+from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import add_verbose_flag
@@ -130,7 +131,9 @@ def prepare_out_dir(out: Path) -> Path:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "analysis.json").exists())):
         raise UserError(f"--out {out} exists and is not an earlier analysis output; choose another dir")
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    give_default_permissions(tmp, directory=True)  # it becomes the user's output dir
+    return tmp
 
 
 def publish(tmp: Path, out: Path) -> None:
