@@ -39,6 +39,7 @@ from . import USER_DIR
 from .argtypes import check_output_file, finite_float, int_at_least, positive_int, read_user_lines, shell_words
 from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
+from .data.binarized import check_split
 from .errors import UserError, cli_main
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
@@ -263,6 +264,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
         raise UserError(f"data directory not found: {data_bin}")
     if not any(name.startswith(f"{subset}.") and name.endswith(".bin") for name in os.listdir(data_bin)):
         raise UserError(f"no binarized '{subset}' split in {data_bin} (expected {subset}.<src>-<tgt>.<lang>.bin)")
+    check_split(data_bin, subset)
     if out_json is not None:  # before averaging writes anything
         check_output_file(out_json, "--out-json")
     checkpoint_path, sources = resolve_checkpoint(checkpoint, last_n, update_based)

@@ -78,6 +78,7 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
 
     ``threads``: CPU threads of fairseq-eval-lm (default: the inherited environment).
     """
+    from .data.binarized import check_language_model_data
     from .evaluate import unsplittable_path
 
     checkpoint = Path(checkpoint)
@@ -89,6 +90,7 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
         raise UserError(f"{data_bin} holds no language-model dictionary (dict.txt): pass the prepared bin/ directory")
     if not (data_bin / f"{subset}.bin").is_file():
         raise UserError(f"{data_bin} has no binarized {subset!r} split ({subset}.bin)")
+    check_language_model_data(data_bin, [subset])
     with unsplittable_path(checkpoint) as path:  # fairseq would split a ':' in it into an ensemble
         command = eval_lm_command(path, data_bin, subset, tokens_per_sample, context_window, max_tokens, cpu,
                                   extra_args)

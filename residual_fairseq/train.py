@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import USER_DIR, configs
+from .data import binarized
 from .argtypes import check_output_dir, int_at_least, positive_int
 from .errors import UserError, cli_main
 from .runtime import (
@@ -128,6 +129,7 @@ def plan(request: TrainRequest) -> TrainPlan:
             notes.append(f"the {request.dataset} config is {configured[0]}-{configured[1]}; "
                          f"{data} holds {source_lang}-{target_lang}: training {source_lang}->{target_lang}")
         settings["task"].update(source_lang=source_lang, target_lang=target_lang)
+    check_data(data, settings, request.extra_args)
     threads, threads_source = resolve_threads(request.threads)
     notes.append(threads_note(threads, threads_source)[len("note: "):])
     cpu = (not cuda_available()) if request.cpu is None else request.cpu
@@ -191,6 +193,31 @@ def language_pair(data, source_lang=None, target_lang=None, configured=(None, No
     if len(binarized) == 1:
         return binarized[0]
     raise UserError(f"{data} holds several language pairs ({shown}): choose one with -s/-t")
+
+
+def passthrough_value(extra_args, flag: str):
+    """The value of the last ``flag VALUE`` / ``flag=VALUE`` among fairseq-train passthrough flags."""
+    extra, found = list(extra_args), None
+    for index, word in enumerate(extra):
+        name, equals, value = word.partition("=")
+        if name == flag:
+            found = value if equals else (extra[index + 1] if index + 1 < len(extra) else None)
+    return found
+
+
+def check_data(data, settings: dict, extra_args=()) -> None:
+    """The dictionaries and the splits fairseq-train will read are whole and belong together
+    (:mod:`residual_fairseq.data.binarized`), before fairseq starts."""
+    dataset = settings.get("dataset", {})
+    splits = [passthrough_value(extra_args, "--train-subset") or dataset.get("train_subset") or "train"]
+    if "--disable-validation" not in extra_args and not dataset.get("disable_validation"):
+        valid = passthrough_value(extra_args, "--valid-subset") or dataset.get("valid_subset") or "valid"
+        splits += [split for split in valid.split(",") if split]
+    if settings["task"].get("_name") == "language_modeling":
+        binarized.check_language_model_data(data, splits)
+    else:
+        binarized.check_translation_data(data, settings["task"]["source_lang"], settings["task"]["target_lang"],
+                                         splits, shared_embeddings=bool(settings["model"].get("share_all_embeddings")))
 
 
 # fairseq-train flags that change the model's size, and their config keys.

@@ -138,6 +138,9 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
     data = Path(data) if data is not None else checkpoint.parent
     if not data.is_dir() or not any(data.glob("dict.*.txt")):
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
+    from .data.binarized import check_dictionaries
+
+    check_dictionaries(data)  # a malformed one: one line naming it, not blamed on the checkpoint
     if bpe == "auto":
         if sentencepiece_model:
             bpe = "sentencepiece"

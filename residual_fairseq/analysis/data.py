@@ -6,6 +6,7 @@ from pathlib import Path
 
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..data.binarized import check_dictionaries, check_task_split
 from ..errors import UserError
 
 
@@ -15,6 +16,7 @@ def load_task(data_dir, source_lang=None, target_lang=None, tokens_per_sample=12
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"data dir {data_dir} does not exist")
+    check_dictionaries(data_dir)  # with one line naming a malformed one (fairseq's message spans lines)
     if (data_dir / "dict.txt").is_file() and not list(data_dir.glob("dict.*.txt")):
         return load_language_modeling_task(data_dir, tokens_per_sample)
     if not list(data_dir.glob("dict.*.txt")):
@@ -49,6 +51,7 @@ def is_language_modeling(task) -> bool:
 
 def _iterator(task, split, max_tokens, seed, shuffle, epoch=1):
     if split not in task.datasets:
+        check_task_split(task, split)  # whole and matching its dictionary: one line if not
         try:
             task.load_dataset(split)
         except FileNotFoundError as err:

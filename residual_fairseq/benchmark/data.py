@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..data.binarized import check_dictionaries, check_task_split
 from ..errors import UserError
 
 # Long enough for every preset; sentences beyond it are skipped, as fairseq-train would.
@@ -27,6 +28,7 @@ def load_task(data_dir, source_lang=None, target_lang=None) -> TranslationTask:
         raise UserError(f"--data {data_dir}: no such directory (pass a fairseq-preprocess output)")
     if not any(name.startswith("dict.") for name in os.listdir(data_dir)):
         raise UserError(f"--data {data_dir}: no dict.*.txt, not a fairseq-preprocess output")
+    check_dictionaries(data_dir)  # with one line naming a malformed one (fairseq's message spans lines)
     if is_language_model_data(data_dir):
         from ..analysis.data import load_language_modeling_task
 
@@ -69,6 +71,7 @@ def draw_batches(task, split, count, max_tokens=None, max_sentences=None, shuffl
 
     ``count=None`` takes the whole split once, in order.
     """
+    check_task_split(task, split)  # whole and matching its dictionary: one line if not
     try:
         task.load_dataset(split)
     except FileNotFoundError as err:
