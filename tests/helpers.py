@@ -1,6 +1,7 @@
 """Small shared helpers for the tests: a generated toy corpus and CLI runners."""
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,24 @@ TINY_TRAIN_ARGS = [
     "--max-tokens", "1200", "--num-workers", "0", "--cpu", "--seed", "1",
     "--no-progress-bar", "--log-format", "simple", "--log-interval", "5",
 ]
+
+
+# Log lines a CLI may print before its error (fairseq's, Python logging's, the drivers' notes).
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d |(INFO|DEBUG|WARNING):|note: )")
+
+
+def user_error(capsys, main, argv, only_line=False):
+    """Run a project CLI in-process that must refuse: exit 2, no traceback, its last line
+    (with ``only_line``, its one line besides log lines) an error; returns that line."""
+    import pytest
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
+    assert lines and re.match(r"^(\S+( \S+)?: )?error: ", lines[-1]), lines
+    assert len(lines) == 1 or not only_line, err[-3000:]
+    return lines[-1]

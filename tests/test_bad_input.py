@@ -4,36 +4,19 @@ The CLIs run in-process (their ``main``), so a traceback would fail the test as 
 exception rather than hide in a subprocess's stderr.
 """
 import json
-import re
 
 import pytest
 import torch
 
 import residual_fairseq  # noqa: F401
-from helpers import CLI_ENV, USER_DIR, fairseq_cli, run
+from helpers import CLI_ENV, USER_DIR, fairseq_cli, run, user_error
 from residual_fairseq import analysis, average_checkpoints, benchmark, evaluate, train, translate
-
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d |(INFO|DEBUG|WARNING):)")
-
 
 @pytest.fixture(scope="module")
 def one_line(tmp_path_factory):
     path = tmp_path_factory.mktemp("input") / "one_line.txt"
     path.write_text("w1 w2 w3\n")
     return path
-
-
-def user_error(capsys, main, argv):
-    """Run a CLI that must fail; return its error line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert exited.value.code == 2
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
-    assert re.match(r"^(\S+( \S+)?: )?error: ", lines[-1]), lines
-    return lines[-1]
 
 
 @pytest.fixture(scope="module")

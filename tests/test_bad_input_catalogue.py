@@ -7,29 +7,13 @@ each case costs milliseconds: one line ``error: ...`` and exit 2, nothing writte
 import io
 import json
 import logging
-import re
 import sys
 
 import pytest
 
 import residual_fairseq  # noqa: F401
+from helpers import user_error
 from residual_fairseq import analysis, average_checkpoints, benchmark, evaluate, finetune, reproduce, train, translate
-
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d |(INFO|DEBUG|WARNING):|note: )")
-
-
-def user_error(capsys, main, argv):
-    """Run a CLI that must fail; return its error line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert exited.value.code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
-    assert re.match(r"^(\S+( \S+)?: )?error: ", lines[-1]), lines
-    return lines[-1]
-
 
 def train_args(data, save_dir, *more):
     return ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "3", "--data", data,

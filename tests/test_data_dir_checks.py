@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 import residual_fairseq  # noqa: F401
+from helpers import user_error
 from residual_fairseq import analysis, evaluate, train
 from residual_fairseq.data import binarized
 from residual_fairseq.errors import UserError
@@ -72,15 +73,6 @@ def broken(toy_data_bin, tmp_path_factory):
     return dirs
 
 
-def one_error_line(capsys, main, argv):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main([str(word) for word in argv])
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 def test_a_good_data_dir_passes(toy_data_bin):
     counts = binarized.check_translation_data(toy_data_bin, "src", "tgt", SPLITS, shared_embeddings=True)
     assert counts == {"train": 600, "valid": 40, "test": 40}
@@ -92,21 +84,21 @@ def test_broken_data_dirs_are_one_line_in_every_tool(case, broken, trained_tiny,
     data, expected = broken[case], CASES[case][1]
     with pytest.raises(UserError, match=expected):
         binarized.check_translation_data(data, "src", "tgt")
-    line = one_error_line(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2",
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2",
                                                "--data", data, "--save-dir", tmp_path / "ck", "--dry-run"])
     assert re.search("^error: .*" + expected, line), line
     assert not (tmp_path / "ck").exists()
     _, save_dir, _ = trained_tiny
-    line = one_error_line(capsys, evaluate.main, [save_dir / "checkpoint_last.pt", data, "--out-json",
+    line = user_error(capsys, evaluate.main, [save_dir / "checkpoint_last.pt", data, "--out-json",
                                                   tmp_path / "eval.json"])
     assert re.search("^error: ", line) and not (tmp_path / "eval.json").exists(), line
-    line = one_error_line(capsys, analysis.main, [data, "--out", tmp_path / "analysis", "--layers", "2"])
+    line = user_error(capsys, analysis.main, [data, "--out", tmp_path / "analysis", "--layers", "2"])
     assert re.search("^error: .*" + expected, line), line
 
 
 def test_evaluate_checks_the_split_it_scores(broken, trained_tiny, capsys, tmp_path):
     _, save_dir, _ = trained_tiny
-    line = one_error_line(capsys, evaluate.main, [save_dir / "checkpoint_last.pt", broken["sides not parallel"],
+    line = user_error(capsys, evaluate.main, [save_dir / "checkpoint_last.pt", broken["sides not parallel"],
                                                   "--out-json", tmp_path / "eval.json"])
     assert re.search(r"test\.src-tgt\.src\.bin has 40 sentences but .*test\.src-tgt\.tgt\.bin has", line), line
 
@@ -115,7 +107,7 @@ def test_a_shared_embedding_model_needs_one_joined_dictionary(toy_data_bin, caps
     data = _copy(toy_data_bin, tmp_path / "data")
     with open(data / "dict.tgt.txt", "a") as dictionary:
         dictionary.write("only_in_target 1\n")
-    line = one_error_line(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2",
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2",
                                                "--data", data, "--save-dir", tmp_path / "ck", "--dry-run"])
     assert "dict.src.txt and dict.tgt.txt" in line and "--joined-dictionary" in line
 
@@ -128,10 +120,10 @@ def test_the_splits_fairseq_train_will_read(toy_data_bin, capsys, tmp_path):
             (data / f"valid.src-tgt.{side}.{ext}").unlink()
     base = ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2", "--data", str(data),
             "--save-dir", str(tmp_path / "ck"), "--dry-run"]
-    assert "no 'valid' split for src-tgt" in one_error_line(capsys, train.main, base)
+    assert "no 'valid' split for src-tgt" in user_error(capsys, train.main, base)
     assert train.main(base + ["--", "--disable-validation"]) in (None, 0)
     assert train.main(base + ["--", "--valid-subset", "test"]) in (None, 0)
-    assert "no 'dev' split" in one_error_line(capsys, train.main, base + ["--", "--valid-subset=test,dev"])
+    assert "no 'dev' split" in user_error(capsys, train.main, base + ["--", "--valid-subset=test,dev"])
 
 
 def test_language_model_data(toy_data_bin, tmp_path):

@@ -26,13 +26,12 @@ import torch
 
 import residual_fairseq
 from fairseq import checkpoint_utils, options, utils
-from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
+from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run, user_error
 from residual_fairseq import analysis, average_checkpoints, evaluate, finetune, safe_checkpoints, train, translate
 from residual_fairseq.config_strings import EVALUATED_FIELDS, CodeInConfigError, literal_value
 from residual_fairseq.errors import UserError
 from residual_fairseq.models import ResiDualModel
 
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d |(INFO|DEBUG|WARNING):)")
 
 
 @pytest.fixture(scope="module")
@@ -185,18 +184,6 @@ def one_line(tmp_path_factory):
     return path
 
 
-def cli_error(capsys, main, argv):
-    """Run a project CLI that must refuse: exit 2 and exactly one error line; returns it."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    assert exited.value.code == 2, captured.err[-2000:]
-    lines = [line for line in captured.err.splitlines() if line.strip() and not LOG_LINE.match(line)]
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err[-3000:]
-    return lines[0]
-
-
 def files_under(directory):
     return sorted(str(p.relative_to(directory)) for p in Path(directory).rglob("*")) if Path(directory).exists() else []
 
@@ -247,7 +234,7 @@ def test_every_project_loader_refuses_in_one_line(case, catalogue, real, toy_dat
 
     for name, main, argv in project_clis(path, real, toy_data_bin, one_line, tmp_path / "out"):
         before = files_under(tmp_path / "out")
-        line = cli_error(capsys, main, argv)
+        line = user_error(capsys, main, argv, only_line=True)
         assert re.search(expected, line), (name, line)
         if name != "train (resume)":
             assert line[len("error: "):] in api_messages, (name, line)  # the API raises the CLI's message
@@ -390,8 +377,8 @@ def test_averaging_refuses_checkpoints_of_different_models(real, tmp_path, capsy
     }
     for kind, state in variants.items():
         torch.save(state, tmp_path / f"{kind}.pt")
-        line = cli_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(tmp_path / f"{kind}.pt"),
-                                                            "--output", str(tmp_path / "avg.pt")])
+        line = user_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(tmp_path / f"{kind}.pt"),
+                                                             "--output", str(tmp_path / "avg.pt")], only_line=True)
         assert "not the same model" in line and name in line, line
     assert not (tmp_path / "avg.pt").exists()
 
@@ -425,7 +412,7 @@ def test_a_second_driver_on_a_save_dir_in_use_is_refused(toy_data_bin, tmp_path,
     argv = ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "3", "--data", toy_data_bin,
             "--save-dir", save_dir]
     with train.save_dir_lock(save_dir):
-        line = cli_error(capsys, train.main, argv)
+        line = user_error(capsys, train.main, argv, only_line=True)
     assert f"{save_dir} is in use by another training run (pid {os.getpid()}" in line
     assert files_under(save_dir) == [train.LOCK_NAME]
 
