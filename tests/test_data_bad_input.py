@@ -65,6 +65,96 @@ def test_archive_without_the_expected_files(tmp_path):
         prepare(iwslt_options(tmp_path, archive))
 
 
+# --- hostile archives: nothing lands outside the unpack dir, nothing fills the disk ---------------
+
+def _tar_with(path, *members):
+    """A .tgz of (TarInfo, bytes or None) members, written by hand (tarfile would refuse some)."""
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as bundle:
+        for info, payload in members:
+            bundle.addfile(info, io.BytesIO(payload) if payload is not None else None)
+    return path
+
+
+def _member(name, payload=b"x\n", kind=None, target=""):
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    if kind is None:
+        info.size = len(payload)
+    else:
+        info.type, info.linkname, payload = kind, target, None
+    return info, payload
+
+
+@pytest.mark.parametrize("name, members, refusal", [
+    ("dotdot", [_member("de-en/../../escaped.txt")], "is outside the destination"),
+    ("symlink out", [_member("de-en/link", kind=b"2", target="../../../..")], "outside the destination"),
+    ("hard link out", [_member("de-en/hard", kind=b"1", target="/etc/passwd")], "outside the destination|absolute"),
+    ("device", [_member("de-en/dev", kind=b"3")], "special file|device|is a"),
+])
+def test_hostile_tar_members_are_refused(name, members, refusal, tmp_path):
+    from residual_fairseq.data.download import extract_archive
+
+    archive = _tar_with(tmp_path / "in" / "de-en.tgz", *members)
+    with pytest.raises(DataPreparationError, match=r"de-en\.tgz holds an unsafe member, refused: .*(" + refusal + ")"):
+        extract_archive(archive, tmp_path / "in" / "deep" / "unpacked")
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "in" / "escaped.txt").exists()
+    with pytest.raises(DataPreparationError, match="unsafe member"):  # and through prepare: nothing left
+        prepare(iwslt_options(tmp_path, archive))
+    assert_nothing_left(tmp_path)
+
+
+def test_absolute_tar_members_land_inside(tmp_path):
+    from residual_fairseq.data.download import extract_archive
+
+    escape = Path(f"/tmp/residual-fairseq-escape-{tmp_path.name}.txt")
+    archive = _tar_with(tmp_path / "a.tgz", _member(str(escape)))
+    into = extract_archive(archive, tmp_path / "unpacked")
+    assert not escape.exists() and (into / str(escape).lstrip("/")).read_bytes() == b"x\n"
+
+
+def test_zip_members_stay_inside(tmp_path):
+    import zipfile
+
+    from residual_fairseq.data.download import extract_archive
+
+    archive = tmp_path / "in" / "a.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("../../escaped.txt", "x")
+        bundle.writestr("/abs-escaped.txt", "x")
+    into = extract_archive(archive, tmp_path / "in" / "unpacked")
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/abs-escaped.txt").exists()
+    assert sorted(path.name for path in into.rglob("*") if path.is_file()) == ["abs-escaped.txt", "escaped.txt"]
+
+
+def test_an_archive_that_would_fill_the_disk_is_refused(tmp_path, monkeypatch):
+    """4 MiB of zeros compress to a few KiB; the declared sizes are checked against the free
+    disk (here pretended to be headroom + 1 MiB) before each member is written."""
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    from residual_fairseq.data import download as download_module
+
+    archive = _tar_with(tmp_path / "de-en.tgz", _member("de-en/small.txt", b"ok\n"),
+                        _member("de-en/zeros.txt", bytes(4 << 20)))
+    assert archive.stat().st_size < 100_000
+    usage = namedtuple("usage", "total used free")
+    free = download_module.DISK_HEADROOM_BYTES + (1 << 20)
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(free * 2, free, free))
+    with pytest.raises(DataPreparationError, match=r"de-en\.tgz unpacks to more than the 0\.0 GiB free .*"
+                                                   r"at member 'de-en/zeros\.txt'"):
+        download_module.extract_archive(archive, tmp_path / "unpacked")
+    assert not (tmp_path / "unpacked" / "de-en" / "zeros.txt").exists()
+    monkeypatch.undo()
+    into = download_module.extract_archive(archive, tmp_path / "unpacked-with-room")
+    assert (into / "de-en" / "zeros.txt").stat().st_size == 4 << 20
+
+
 # --- downloads (a local HTTP server: the tests stay offline) -------------------------------------
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB

@@ -7,6 +7,7 @@ through ``--from-archive``.
 """
 import hashlib
 import os
+import shutil
 import socket
 import tarfile
 import urllib.error
@@ -18,6 +19,8 @@ from .errors import DataPreparationError
 
 DOWNLOAD_TIMEOUT_SECONDS = 60
 BLOCK_BYTES = 1 << 20
+# Disk an unpacked archive must leave free (a small archive can declare terabytes of content).
+DISK_HEADROOM_BYTES = 1 << 30
 
 
 def sha256_of(path):
@@ -97,19 +100,33 @@ def _download_resumable(url, destination, progress):
 
 
 def extract_archive(archive, into):
-    """Unpack a .tgz/.tar/.zip archive into ``into``; a damaged archive is a one-line error."""
+    """Unpack a .tgz/.tar/.zip archive into ``into``; a damaged archive is a one-line error.
+
+    Archives are untrusted: tar members go through tarfile's ``data`` filter (no absolute
+    paths, ``..``, links out of ``into`` or device files), and the sizes the members
+    declare (exactly what tarfile and zipfile write) must fit the free disk, less
+    :data:`DISK_HEADROOM_BYTES`, before each one is written.
+    """
     archive = Path(archive)
     if not archive.is_file():
         raise DataPreparationError(f"archive not found: {archive}")
     into = Path(into)
     into.mkdir(parents=True, exist_ok=True)
+    budget = DiskBudget(archive, into)
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as bundle:
-                bundle.extractall(into)
+                for member in bundle.infolist():  # zipfile drops absolute paths and '..' itself
+                    budget.spend(member.file_size, member.filename)
+                    bundle.extract(member, into)
         else:
             with tarfile.open(archive) as bundle:
-                bundle.extractall(into, filter="data")
+                for member in bundle:  # one pass: a .tar.gz is decompressed once
+                    budget.spend(member.size if member.isfile() else 0, member.name)
+                    bundle.extract(member, into, filter="data")
+    except tarfile.FilterError as exc:
+        raise DataPreparationError(f"archive {archive} holds an unsafe member, refused: "
+                                   f"{' '.join(str(exc).split())}") from None
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise DataPreparationError(
             # tarfile's message lists each method it tried, one per line: keep it one line.
@@ -117,6 +134,23 @@ def extract_archive(archive, into):
             "delete it and download it again"
         ) from None
     return into
+
+
+class DiskBudget:
+    """What an archive may still write: the free disk when unpacking starts, less the headroom."""
+
+    def __init__(self, archive, into):
+        self.archive, self.into = archive, into
+        self.left = shutil.disk_usage(into).free - DISK_HEADROOM_BYTES
+        self.declared = 0
+
+    def spend(self, size, name):
+        self.declared += size
+        if self.declared > self.left:
+            raise DataPreparationError(
+                f"archive {self.archive} unpacks to more than the {max(self.left, 0) / 2**30:.1f} GiB free on "
+                f"{self.into}'s disk (keeping {DISK_HEADROOM_BYTES / 2**30:.0f} GiB; at member {name!r}, "
+                f"{self.declared / 2**30:.1f} GiB declared so far): free some space")
 
 
 ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip", ".tar.bz2", ".tbz2", ".tar.xz")
