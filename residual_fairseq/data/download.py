@@ -123,7 +123,8 @@ def extract_archive(archive, into):
             with tarfile.open(archive) as bundle:
                 for member in bundle:  # one pass: a .tar.gz is decompressed once
                     budget.spend(member.size if member.isfile() else 0, member.name)
-                    bundle.extract(member, into, filter="data")
+                    # (a directory keeps default permissions: a read-only one would refuse its files)
+                    bundle.extract(member, into, set_attrs=not member.isdir(), filter="data")
     except tarfile.FilterError as exc:
         raise DataPreparationError(f"archive {archive} holds an unsafe member, refused: "
                                    f"{' '.join(str(exc).split())}") from None
