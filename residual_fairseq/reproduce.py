@@ -42,6 +42,7 @@ METRICS = (  # (column, label in the markdown table)
     ("test_chrf", "test chrF"),
     ("test_tok_bleu", "test tok. BLEU"),
     ("best_valid_bleu", "best valid BLEU"),
+    ("best_valid_loss", "best valid loss"),   # the checkpoint_best.pt that is scored
     ("last_valid_loss", "last valid loss"),
 )
 # Language models (configs whose DatasetSpec.task is language_modeling): perplexities.
@@ -220,6 +221,7 @@ def run_metrics(run: Run) -> dict:
         "test_chrf": result["chrf"]["score"],
         "test_tok_bleu": result.get("tokenized_bleu", {}).get("score"),
         "best_valid_bleu": max(bleus) if bleus else None,
+        "best_valid_loss": min((point["loss"] for point in curve), default=None),
         "last_valid_loss": curve[-1]["loss"] if curve else None,
     }
 

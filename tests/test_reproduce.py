@@ -39,6 +39,7 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
     assert [row["variant"] for row in rows] == ["post_ln", "resi_dual"]
     for row in rows:
         assert float(row["test_bleu_mean"]) >= 0 and float(row["last_valid_loss_mean"]) > 0
+        assert 0 < float(row["best_valid_loss_mean"]) <= float(row["last_valid_loss_mean"])
     png = (out / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     for variant in ("post_ln", "resi_dual"):
