@@ -93,5 +93,5 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     assert "has no checkpoint_best.pt (trained without validation?): evaluating checkpoint_last.pt" in out
     assert evaluated == [runs[1].save_dir / "checkpoint_last.pt"]
     table = (tmp_path / "out" / "results.md").read_text()
-    assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
-    assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | - |" in table
+    assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
+    assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | 7.50 | - |" in table
