@@ -316,6 +316,9 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
             axis.grid(alpha=0.3)
             if axis.get_lines():
                 axis.legend(fontsize=7)
+            elif what == "valid BLEU":
+                axis.text(0.5, 0.5, "no validation BLEU\n(trained without --eval-bleu)", ha="center", va="center",
+                          transform=axis.transAxes, color="grey")
     figure.tight_layout()
     path = Path(path)
     with atomic_output(path) as tmp:
