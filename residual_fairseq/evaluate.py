@@ -262,9 +262,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     data_bin = Path(data_bin)
     if not data_bin.is_dir():
         raise UserError(f"data directory not found: {data_bin}")
-    if not any(name.startswith(f"{subset}.") and name.endswith(".bin") for name in os.listdir(data_bin)):
-        raise UserError(f"no binarized '{subset}' split in {data_bin} (expected {subset}.<src>-<tgt>.<lang>.bin)")
-    check_split(data_bin, subset)
+    check_split(data_bin, subset)  # present, whole and matching its dictionaries
     if out_json is not None:  # before averaging writes anything
         check_output_file(out_json, "--out-json")
     checkpoint_path, sources = resolve_checkpoint(checkpoint, last_n, update_based)

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import USER_DIR, configs
-from .data import binarized
 from .argtypes import check_output_dir, int_at_least, positive_int
+from .data import binarized
 from .errors import UserError, cli_main
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
@@ -196,12 +196,14 @@ def language_pair(data, source_lang=None, target_lang=None, configured=(None, No
 
 
 def passthrough_value(extra_args, flag: str):
-    """The value of the last ``flag VALUE`` / ``flag=VALUE`` among fairseq-train passthrough flags."""
+    """The value of the last ``flag VALUE`` / ``flag=VALUE`` among fairseq-train passthrough
+    flags (``--a-b`` also spelled ``--a_b``); None if it is not given a value."""
     extra, found = list(extra_args), None
     for index, word in enumerate(extra):
         name, equals, value = word.partition("=")
-        if name == flag:
-            found = value if equals else (extra[index + 1] if index + 1 < len(extra) else None)
+        if name.replace("_", "-") == flag:
+            value = value if equals else (extra[index + 1] if index + 1 < len(extra) else None)
+            found = found if value is None else value
     return found
 
 
@@ -229,14 +231,10 @@ def effective_model(settings: dict, extra_args=()) -> dict:
     """The model's sizes as fairseq-train will build them: the config, then any later flag."""
     model = {key: settings["model"].get(key) for key in SIZE_FLAGS}
     model["arch"] = settings["model"].get("_name")
-    extra = list(extra_args)
-    for index, word in enumerate(extra):
-        name, equals, value = word.partition("=")
-        key = name[2:].replace("-", "_") if name.startswith("--") else None
-        if key == "arch" or key in SIZE_FLAGS:
-            value = value if equals else (extra[index + 1] if index + 1 < len(extra) else None)
-            if value is not None:
-                model[key] = value if key == "arch" else _int_or_text(value)
+    for key in model:
+        value = passthrough_value(extra_args, "--" + key.replace("_", "-"))
+        if value is not None:
+            model[key] = value if key == "arch" else _int_or_text(value)
     return model
 
 

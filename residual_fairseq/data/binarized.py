@@ -106,7 +106,7 @@ def _split_size(prefix, vocab_size):
     if index_path.is_file():
         with open(index_path, "rb") as stream:
             magic = stream.read(len(MMAP_MAGIC))
-        if magic[:8] != MMAP_MAGIC[:8] and magic[:6] in (b"TNTIDX", b"HUFFID"):
+        if magic[:6] in (b"TNTIDX", b"HUFFID"):
             return None  # fairseq's other binary formats
     elif Path(prefix).is_file() and not Path(f"{prefix}.bin").exists():
         return None  # fairseq's raw text format
