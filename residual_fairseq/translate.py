@@ -140,7 +140,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
     from .data.binarized import check_dictionaries
 
-    check_dictionaries(data)  # a malformed one: one line naming it, not blamed on the checkpoint
+    check_dictionaries(data.resolve())  # as fairseq gets it (load_hub); a malformed one: one line naming it
     if bpe == "auto":
         if sentencepiece_model:
             bpe = "sentencepiece"

@@ -138,3 +138,19 @@ def test_language_model_data(toy_data_bin, tmp_path):
     (data / "dict.txt").write_text("w1 1\n")
     with pytest.raises(UserError, match=r"train\.bin holds token id \d+, outside its dictionary's 5 symbols"):
         binarized.check_language_model_data(data)
+
+
+def test_a_colon_in_the_data_path_is_one_line(toy_data_bin, trained_tiny, capsys, tmp_path):
+    """fairseq would read a:b/bin as the two directories 'a' and 'b/bin' (a traceback)."""
+    data = _copy(toy_data_bin, tmp_path / "a:b" / "bin")
+    expected = r"^error: data directory .*a:b/bin has ':' in its path, which fairseq reads as a list of directories"
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "2",
+                                           "--data", data, "--save-dir", tmp_path / "ck", "--dry-run"])
+    assert re.search(expected, line), line
+    _, save_dir, _ = trained_tiny
+    line = user_error(capsys, evaluate.main, [save_dir / "checkpoint_last.pt", data])
+    assert re.search(expected, line), line
+    line = user_error(capsys, analysis.main, [data, "--out", tmp_path / "analysis", "--layers", "2"])
+    assert re.search(expected, line), line
+    with pytest.raises(UserError, match="has ':' in its path"):
+        binarized.check_language_model_data(data)

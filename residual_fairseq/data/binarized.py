@@ -27,6 +27,13 @@ TOKEN_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 
                 8: np.uint16, 9: np.uint32, 10: np.uint64}                       # integer codes only
 
 
+def check_unsplit_path(data) -> None:
+    """fairseq reads ``:`` in a data path as a list of directories (``a:b`` = ``a`` and ``b``)."""
+    if os.pathsep in str(data):
+        raise UserError(f"data directory {data} has '{os.pathsep}' in its path, which fairseq reads as a list of "
+                        f"directories: rename it, or pass a symlink to it without '{os.pathsep}'")
+
+
 def dictionary_size(path) -> int:
     """The number of symbols of a fairseq dictionary file, read with fairseq's own parser."""
     from fairseq.data import Dictionary
@@ -47,6 +54,7 @@ def dictionary_size(path) -> int:
 
 def check_dictionaries(data) -> dict:
     """Every dictionary of a data directory (``dict.txt``, ``dict.<lang>.txt``): {file name: size}."""
+    check_unsplit_path(data)
     paths = sorted(Path(data).glob("dict.*.txt")) + ([Path(data) / "dict.txt"] if Path(data, "dict.txt").exists() else [])
     return {path.name: dictionary_size(path) for path in paths}
 
@@ -117,6 +125,7 @@ def check_translation_data(data, source_lang: str, target_lang: str, splits=("tr
                            shared_embeddings: bool = False) -> dict:
     """Check the dictionaries and ``splits`` of a translation data directory for one
     direction; returns {split: number of sentence pairs}."""
+    check_unsplit_path(data)
     data = Path(data)
     sizes = {lang: dictionary_size(data / f"dict.{lang}.txt") for lang in (source_lang, target_lang)}
     if shared_embeddings and (data / f"dict.{source_lang}.txt").read_bytes() != (
@@ -151,6 +160,7 @@ def check_translation_data(data, source_lang: str, target_lang: str, splits=("tr
 def check_language_model_data(data, splits=("train", "valid")) -> dict:
     """Check ``dict.txt`` and ``splits`` of a language-model data directory; returns
     {split: number of lines}."""
+    check_unsplit_path(data)
     data = Path(data)
     vocab_size = dictionary_size(data / "dict.txt")
     counts = {}
