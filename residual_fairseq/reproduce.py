@@ -24,6 +24,10 @@ import json
 import math
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -32,7 +36,7 @@ from . import configs, train
 from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import atomic_output, write_text_atomically
 from .errors import UserError, cli_main
-from .runtime import add_threads_flag, add_verbose_flag
+from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .variants import COLOURS, VARIANTS
 
 RESULT_NAME = "result.json"
@@ -74,6 +78,10 @@ class Run:
     @property
     def finished(self) -> bool:
         return self.result_path.is_file()
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset} {self.variant} {self.layers}L seed {self.seed}"
 
     @property
     def failure_path(self) -> Path:
@@ -149,11 +157,10 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
 
     ``eval_overrides`` are evaluate_run keyword arguments that win over the dataset's.
     """
-    label = f"{run.dataset} {run.variant} {run.layers}L seed {run.seed}"
     if run.finished:
-        print(f"skip {label}: finished ({run.result_path})", flush=True)
+        print(f"skip {run.label}: finished ({run.result_path})", flush=True)
         return json.loads(run.result_path.read_text(encoding="utf-8"))
-    print(f"=== {label} -> {run.save_dir}", flush=True)
+    print(f"=== {run.label} -> {run.save_dir}", flush=True)
     train.train(train_request(run, nprocs, extra_args, threads), dry_run=dry_run)
     if is_language_model(run.dataset):
         return evaluate_language_model(run, eval_overrides, dry_run, threads)
@@ -346,36 +353,141 @@ def write_reports(runs: List[Run], out: Path) -> dict:
 
 
 def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_overrides=None,
-              dry_run: bool = False, threads=None):
+              dry_run: bool = False, threads=None, jobs: int = 1, verbose: bool = False, report: bool = True):
     """Run (or skip) every run, then write the reports; returns the report paths (None if dry).
 
-    A run that fails (its training or evaluation raised a UserError) is recorded in its
-    ``failed.json`` and reported in the table; the other runs go on. Raises UserError
-    at the end when any run failed.
+    ``jobs`` > 1 runs that many at a time, each in its own driver process
+    (:func:`run_in_parallel`). A run that fails (its training or evaluation raised a
+    UserError) is recorded in its ``failed.json`` and reported in the table; the other
+    runs go on. Raises UserError at the end when any run failed. ``report`` False skips
+    the tables (a driver started by :func:`run_in_parallel`: its parent writes them).
     """
-    failed = []
-    for run in runs:
-        try:
-            run_one(run, nprocs, extra_args, eval_overrides, dry_run, threads)
-        except UserError as err:
-            if dry_run:
-                raise
-            print(f"error: {run.dataset} {run.variant} {run.layers}L seed {run.seed} failed: {err}", flush=True)
-            write_text_atomically(run.failure_path, json.dumps({"error": str(err)}) + "\n")
-            failed.append(run)
-        else:
-            if run.failure_path.is_file():
-                run.failure_path.unlink()
+    if jobs > 1 and not dry_run:
+        failed = run_in_parallel(runs, jobs, nprocs, extra_args, eval_overrides, threads, verbose)
+    else:
+        failed = []
+        for run in runs:
+            try:
+                run_one(run, nprocs, extra_args, eval_overrides, dry_run, threads)
+            except UserError as err:
+                if dry_run:
+                    raise
+                print(f"error: {run.label} failed: {err}", flush=True)
+                write_text_atomically(run.failure_path, json.dumps({"error": str(err)}) + "\n")
+                failed.append(run)
+            else:
+                if run.failure_path.is_file():
+                    run.failure_path.unlink()
     if dry_run:
         return None
-    paths = write_reports(runs, out)
-    for key in ("markdown", "lm_markdown"):
-        if key in paths:
-            print(Path(paths[key]).read_text(encoding="utf-8"), end="")
-    print("wrote " + ", ".join(str(path) for path in paths.values()), flush=True)
+    paths = None
+    if report:
+        paths = write_reports(runs, out)
+        for key in ("markdown", "lm_markdown"):
+            if key in paths:
+                print(Path(paths[key]).read_text(encoding="utf-8"), end="")
+        print("wrote " + ", ".join(str(path) for path in paths.values()), flush=True)
     if failed:
-        raise UserError(f"{len(failed)} of {len(runs)} runs failed (see the 'failed' column of {paths['markdown']})")
+        where = f" (see the 'failed' column of {paths['markdown']})" if paths else ""
+        raise UserError(f"{len(failed)} of {len(runs)} runs failed{where}")
     return paths
+
+
+# --- several runs at a time ------------------------------------------------------------------
+
+DRIVER_LOG_NAME = "reproduce.log"   # a run's driver output (training notes, evaluation) under --jobs
+
+
+def threads_per_job(jobs: int, threads=None) -> int:
+    """``--threads`` as given (per run), else the cores shared out between the jobs."""
+    return threads if threads is not None else max(1, available_cores() // jobs)
+
+
+def driver_command(run: Run, nprocs: int, extra_args, eval_overrides, threads: int, verbose: bool) -> List[str]:
+    """This CLI for ``run`` alone, without the tables (its parent writes them)."""
+    command = [sys.executable, "-m", "residual_fairseq.reproduce", "--dataset", run.dataset,
+               "--data", f"{run.dataset}={run.data}", "--variants", run.variant, "--layers", str(run.layers),
+               "--seeds", str(run.seed), "--out", str(run.out), "--nprocs", str(nprocs),
+               "--threads", str(threads), "--no-report"]
+    overrides = eval_overrides or {}
+    if overrides.get("beam") is not None:
+        command += ["--beam", str(overrides["beam"])]
+    if overrides.get("generate_args"):
+        command += ["--generate-args", shlex.join(overrides["generate_args"])]
+    if verbose:
+        command.append("--verbose")
+    return command + ["--", *extra_args]
+
+
+def run_in_parallel(runs: List[Run], jobs: int, nprocs: int = 1, extra_args=(), eval_overrides=None,
+                    threads=None, verbose: bool = False) -> List[Run]:
+    """Run the unfinished runs, ``jobs`` at a time; returns the runs that failed.
+
+    Each run is this CLI for that run alone, in its own process group, its output in
+    ``SAVE_DIR/reproduce.log`` (fairseq's log stays in ``train.log``); the console gets
+    one line when a run starts and one when it ends. SIGTERM/SIGINT reach every running
+    run (each stops its fairseq-train), no new run starts, and this process then ends
+    by the same signal; killed outright, it takes the runs with it.
+    """
+    threads = threads_per_job(jobs, threads)
+    pending = []
+    for run in runs:
+        if run.finished:
+            print(f"skip {run.label}: finished ({run.result_path})", flush=True)
+        else:
+            pending.append(run)
+    print(f"{len(pending)} runs to do, {jobs} at a time, {threads} CPU thread{'s' if threads != 1 else ''} each",
+          flush=True)
+    processes, active, failed = [], {}, []
+    with train.forwarding_stop_signals(processes) as received:
+        stop_deadline = None
+        try:
+            while active or (pending and not received):
+                while pending and len(active) < jobs and not received:
+                    run = pending.pop(0)
+                    run.save_dir.mkdir(parents=True, exist_ok=True)
+                    log_path = run.save_dir / DRIVER_LOG_NAME
+                    with open(log_path, "a", encoding="utf-8") as log:
+                        process = subprocess.Popen(
+                            driver_command(run, nprocs, extra_args, eval_overrides, threads, verbose),
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=train.die_with_the_driver())
+                    processes.append(process)
+                    active[process] = (run, log_path, time.time())
+                    print(f"started {run.label} (log: {log_path})", flush=True)
+                for process in [process for process in active if process.poll() is not None]:
+                    run, log_path, started = active.pop(process)
+                    if _report_finished_run(run, process.returncode, log_path, started, interrupted=bool(received)):
+                        failed.append(run)
+                if received and stop_deadline is None:
+                    stop_deadline = time.monotonic() + train.STOP_GRACE_SECONDS + 10
+                if stop_deadline is not None and time.monotonic() > stop_deadline:
+                    train.kill_groups(list(active), signal.SIGKILL)
+                time.sleep(0.2)
+        finally:
+            train.kill_groups(list(active), signal.SIGTERM)
+            for process in active:
+                process.wait()
+    if received:
+        signal.raise_signal(received[0])  # die as the signal asked (SIGINT: KeyboardInterrupt)
+    return failed
+
+
+def _report_finished_run(run: Run, returncode: int, log_path: Path, started: float, interrupted: bool) -> bool:
+    """Say how a run's driver ended; True when the run failed."""
+    minutes = (time.time() - started) / 60
+    if returncode == 0 and run.finished:
+        print(f"finished {run.label} in {minutes:.1f} min", flush=True)
+        return False
+    if interrupted:
+        print(f"stopped {run.label} (log: {log_path})", flush=True)
+        return False
+    stale = not run.failure_path.is_file() or run.failure_path.stat().st_mtime < started
+    if stale:  # it ended without saying why (killed, or a crash): record that
+        write_text_atomically(run.failure_path, json.dumps(
+            {"error": f"its driver exited {returncode} (log: {log_path})"}) + "\n")
+    print(f"error: {run.label} failed: {run.failure} (log: {log_path})", flush=True)
+    return True
 
 
 # --- CLI -------------------------------------------------------------------------------------
@@ -419,6 +531,10 @@ def build_parser():
                         help='extra fairseq-generate flags for the test set, e.g. "--max-len-b 50"')
     add_threads_flag(parser)
     add_verbose_flag(parser)
+    parser.add_argument("--jobs", type=positive_int, default=1,
+                        help="runs at a time, each with --threads threads (default: the cores shared out); "
+                             "on one GPU they share it")
+    parser.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # a --jobs run: its parent reports
     parser.add_argument("--report-only", action="store_true", help="only (re)write the tables and plot")
     parser.add_argument("--dry-run", action="store_true", help="print every command without running")
     return parser
@@ -447,7 +563,8 @@ def main(argv=None):
     eval_overrides = {"generate_args": args.generate_args} if args.generate_args else {}
     if args.beam:
         eval_overrides["beam"] = args.beam
-    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run, args.threads)
+    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run, args.threads,
+              jobs=args.jobs, verbose=args.verbose, report=not args.no_report)
 
 
 if __name__ == "__main__":

@@ -448,7 +448,7 @@ def save_dir_lock(save_dir):
         os.close(fd)
 
 
-def _die_with_the_driver():
+def die_with_the_driver():
     """``preexec_fn`` for fairseq-train: the kernel SIGKILLs it when the driver dies, even by SIGKILL."""
     driver = os.getpid()
     try:
@@ -466,7 +466,7 @@ def _die_with_the_driver():
 
 
 @contextlib.contextmanager
-def _forwarding_stop_signals(processes):
+def forwarding_stop_signals(processes):
     """While the block runs, SIGTERM/SIGINT to the driver go to each child's process group;
     yields a list that receives the signal numbers received."""
     received = []
@@ -509,12 +509,12 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
         display.write(f"progress bar below; fairseq's full log: {save_dir / LOG_NAME}")
     env = thread_environment(train_plan.threads)
     processes, copiers, failed = [], [], []
-    with _forwarding_stop_signals(processes) as received:
+    with forwarding_stop_signals(processes) as received:
         try:
             for command in train_plan.commands:
                 processes.append(subprocess.Popen(
                     command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                    start_new_session=True, preexec_fn=_die_with_the_driver(),
+                    start_new_session=True, preexec_fn=die_with_the_driver(),
                     pass_fds=() if lock_fd is None else (lock_fd,), env=env,
                 ))
             # Threads start after the forks: preexec_fn is only safe without other threads.
@@ -533,13 +533,13 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
                 if received and stop_deadline is None:
                     stop_deadline = time.monotonic() + STOP_GRACE_SECONDS
                 if stop_deadline is not None and time.monotonic() > stop_deadline:
-                    _kill_groups(processes, signal.SIGKILL)
+                    kill_groups(processes, signal.SIGKILL)
                 time.sleep(0.2)
         except FileNotFoundError as err:
             raise UserError(f"{err.filename} not found: is fairseq installed in this environment?") from None
         finally:
             # One failed rank leaves the others waiting forever on a collective.
-            _kill_groups(processes, signal.SIGTERM)
+            kill_groups(processes, signal.SIGTERM)
             for process in processes:
                 process.wait()
             for copier in copiers:
@@ -551,7 +551,7 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
     return failed[0] if failed else 0
 
 
-def _kill_groups(processes, signum):
+def kill_groups(processes, signum):
     for process in processes:
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -1,5 +1,12 @@
 """residual-fairseq-reproduce: a 2-variant matrix on the sample corpus, end to end, then skipped."""
 import csv
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 from helpers import CLI_ENV, REPO, run
 from residual_fairseq import reproduce
@@ -56,8 +63,6 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     """--layers takes depths the dataset does not ship; a run without checkpoint_best.pt (trained with
     --disable-validation) is evaluated on checkpoint_last.pt, saying so; a failing run is reported in the
     table while the others go on."""
-    import json
-
     import pytest
 
     from residual_fairseq import evaluate, train
@@ -95,3 +100,84 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     table = (tmp_path / "out" / "results.md").read_text()
     assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
     assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | 7.50 | - |" in table
+
+
+def test_a_jobs_child_is_the_same_run(tmp_path):
+    """--jobs starts this CLI once per run: its arguments must name exactly that run, with the
+    same data directory (even one with '=' in its path), flags and decoding."""
+    data = tmp_path / "a=b" / "bin"
+    [run_] = reproduce.matrix({"sample-es-en": data}, tmp_path / "out", ["b2t"], layers=[7], seeds=[3])
+    command = reproduce.driver_command(run_, 1, ["--max-epoch", "2"], {"beam": 2, "generate_args": ["--max-len-b", "9"]},
+                                       threads=1, verbose=False)
+    assert command[1:3] == ["-m", "residual_fairseq.reproduce"]
+    ours, passthrough = reproduce.train.split_passthrough(command[3:])
+    args = reproduce.build_parser().parse_args(ours)
+    assert passthrough == ["--max-epoch", "2"] and args.no_report and args.threads == 1
+    assert (args.beam, args.generate_args) == (2, ["--max-len-b", "9"])
+    assert reproduce.matrix(reproduce.parse_data(args.data, args.dataset), Path(args.out), args.variants,
+                            args.layers, args.seeds) == [run_]
+    assert reproduce.threads_per_job(3, threads=5) == 5 and reproduce.threads_per_job(10 ** 6) == 1
+
+
+def _lines_with(text, *starts):
+    return [line for line in text.splitlines() if line.startswith(starts)]
+
+
+def test_jobs_run_at_once_and_one_that_cannot_start_is_reported(sample_prepared, tmp_path):  # noqa: F811
+    """--jobs 2: both runs start before either ends, each driver's output goes to its run's
+    reproduce.log, and a run whose directory another training holds fails alone."""
+    out = tmp_path / "results"
+    locked = out / "runs" / "sample-es-en" / "post_ln-3l" / "seed1"
+    locked.mkdir(parents=True)
+    holder = os.open(locked / ".residual-fairseq-train.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        result = run(["python3", REPO / "scripts" / "reproduce.py", "--dataset", "sample-es-en",
+                      "--data", sample_prepared / "bin", "--variants", "post_ln", "resi_dual", "--layers", "3",
+                      "--out", out, "--beam", "1", "--generate-args", "--max-len-a 0 --max-len-b 6 --max-tokens 2048",
+                      "--jobs", "2", "--", *FAIRSEQ_FLAGS], check=False)
+    finally:
+        os.close(holder)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: 1 of 2 runs failed" in result.stderr
+    events = _lines_with(result.stdout, "started ", "finished ", "error: ")
+    assert [line.split(" (log")[0] for line in events[:2]] == [
+        "started sample-es-en post_ln 3L seed 1", "started sample-es-en resi_dual 3L seed 1"]
+    assert sorted(line.split(" in ")[0].split(" failed")[0] for line in events[2:]) == [
+        "error: sample-es-en post_ln 3L seed 1", "finished sample-es-en resi_dual 3L seed 1"]
+    assert "is in use by another training run" in (locked / "failed.json").read_text()
+    assert not (locked / "checkpoint_last.pt").exists()
+    finished = out / "runs" / "sample-es-en" / "resi_dual-3l" / "seed1"
+    assert json.loads((finished / "run.json").read_text())["threads"] == reproduce.threads_per_job(2)
+    assert "=== sample-es-en resi_dual 3L seed 1" in (finished / "reproduce.log").read_text()
+    table = (out / "results.md").read_text()
+    assert "| sample-es-en | resi_dual | 3 | 1 |" in table and "seed 1: " in table
+
+
+def test_jobs_stop_together_on_sigterm(sample_prepared, tmp_path):  # noqa: F811
+    """SIGTERM to the driver stops every running run (no process of theirs is left, their
+    directories are free again), records no failure, and the driver dies by SIGTERM."""
+    out = tmp_path / "results"
+    driver = subprocess.Popen(
+        ["python3", str(REPO / "scripts" / "reproduce.py"), "--dataset", "sample-es-en", "--data",
+         str(sample_prepared / "bin"), "--variants", "post_ln", "resi_dual", "--layers", "2", "--out", str(out),
+         "--jobs", "2", "--", "--max-update", "100000", "--max-tokens", "1024"],
+        env=CLI_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    save_dirs = [out / "runs" / "sample-es-en" / f"{variant}-2l" / "seed1" for variant in ("post_ln", "resi_dual")]
+    deadline = time.monotonic() + 300
+    while not all((save_dir / "train.log").is_file() for save_dir in save_dirs):  # fairseq-train has started
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGTERM)
+    output, _ = driver.communicate(timeout=120)
+    assert driver.returncode == -signal.SIGTERM, output
+    assert output.count("stopped sample-es-en") == 2 and "error:" not in output
+    for save_dir in save_dirs:
+        assert not (save_dir / "failed.json").exists()
+        lock = os.open(save_dir / ".residual-fairseq-train.lock", os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # every fairseq-train holding it is gone
+        finally:
+            os.close(lock)
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert left == []
