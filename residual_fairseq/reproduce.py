@@ -4,13 +4,14 @@ Each run trains with :mod:`residual_fairseq.train` (which resumes an interrupted
 run) and is then evaluated on the test set with
 :func:`residual_fairseq.evaluate.evaluate_run`; a run whose ``result.json`` exists
 is finished and skipped. The results are summarized as mean +/- std over seeds in
-``OUT/results.md`` and ``OUT/results.csv``, and the validation loss/BLEU curves
-parsed from each run's JSON log are drawn in ``OUT/curves.png``.
+``OUT/results.md`` and ``OUT/results.csv``, every run as it stands (seed by seed) in
+``OUT/runs.md`` and ``OUT/runs.json``, and the validation loss/BLEU curves parsed from
+each run's JSON log are drawn in ``OUT/curves.png``. ``--jobs N`` runs N at a time.
 
 Layout::
 
     OUT/runs/<dataset>/<variant>-<L>l/seed<S>/   checkpoints, train.log, run.json, result.json
-    OUT/results.md  OUT/results.csv  OUT/curves.png
+    OUT/results.md  OUT/results.csv  OUT/runs.md  OUT/runs.json  OUT/curves.png
 
 CLI::
 
@@ -56,6 +57,7 @@ LM_METRICS = (
     ("best_valid_ppl", "best valid perplexity"),
 )
 _VALID_LINE = re.compile(r"\| valid \| (\{.*\})\s*$")
+_EARLY_STOP = re.compile(r"early stop since valid performance hasn't improved for last (\d+) runs")
 
 
 @dataclass(frozen=True)
@@ -210,8 +212,8 @@ def validation_curve(log_path: Path) -> List[dict]:
             continue
         stats = json.loads(match.group(1))
         bleu = stats.get("valid_bleu")
-        points.append({"updates": int(float(stats["valid_num_updates"])), "loss": float(stats["valid_loss"]),
-                       "bleu": float(bleu) if bleu is not None else None})
+        points.append({"epoch": int(float(stats.get("epoch", 0))), "updates": int(float(stats["valid_num_updates"])),
+                       "loss": float(stats["valid_loss"]), "bleu": float(bleu) if bleu is not None else None})
     return points
 
 
@@ -231,6 +233,62 @@ def run_metrics(run: Run) -> dict:
         "best_valid_loss": min((point["loss"] for point in curve), default=None),
         "last_valid_loss": curve[-1]["loss"] if curve else None,
     }
+
+
+def how_training_ended(log_path: Path) -> Optional[str]:
+    """'patience N' (fairseq stopped early), 'budget' (--max-epoch/--max-update reached), None (unknown/running).
+
+    Only the log's last session counts: a resumed run appends to it.
+    """
+    if not Path(log_path).is_file():
+        return None
+    ended = None
+    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        early = _EARLY_STOP.search(line)
+        if early:
+            ended = f"patience {early.group(1)}"
+        elif "| fairseq_cli.train | done training in" in line:
+            ended = ended or "budget"
+        elif "| fairseq_cli.train | {'_name'" in line:  # fairseq's config dump: a (re)start
+            ended = None
+    return ended
+
+
+def run_record(run: Run) -> dict:
+    """One run as it stands: its status, every validation, where its best was, its test numbers."""
+    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    best = min(curve, key=lambda point: point["loss"]) if curve else None
+    status = "finished" if run.finished else ("failed" if run.failure else ("unfinished" if curve else "not started"))
+    record = {"dataset": run.dataset, "variant": run.variant, "layers": run.layers, "seed": run.seed,
+              "status": status, "epochs": curve[-1]["epoch"] if curve else None,
+              "ended_by": how_training_ended(run.save_dir / train.LOG_NAME),
+              "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
+    if run.finished:
+        result = json.loads(run.result_path.read_text(encoding="utf-8"))
+        record.update({column: value for column, value in run_metrics(run).items() if column.startswith("test_")})
+        record["checkpoint"] = Path(result.get("checkpoint", "?")).name
+        if "sacrebleu" in result:
+            record["beam"] = (result.get("generation") or {}).get("beam")
+            record["sacrebleu_signature"] = result["sacrebleu"].get("signature")
+    if run.failure:
+        record["error"] = run.failure
+    record["validations"] = curve
+    return record
+
+
+def runs_markdown(records: List[dict]) -> str:
+    """A row per run: status, epochs, best validation, test numbers (the columns its runs have)."""
+    tests = [(column, label) for column, label in METRICS + LM_METRICS
+             if column.startswith("test_") and any(column in record for record in records)]
+    header = ["dataset", "variant", "layers", "seed", "status", "epochs (ended by)", "best valid loss (epoch)"]
+    lines = ["| " + " | ".join(header + [label for _, label in tests]) + " |", "|" + "---|" * (len(header) + len(tests))]
+    for record in records:
+        epochs = "-" if record["epochs"] is None else f"{record['epochs']} ({record['ended_by'] or '-'})"
+        best = "-" if record["best_valid_loss"] is None else f"{record['best_valid_loss']:.3f} ({record['best_epoch']})"
+        cells = [record["dataset"], record["variant"], str(record["layers"]), str(record["seed"]), record["status"],
+                 epochs, best] + ["-" if record.get(column) is None else f"{record[column]:.2f}" for column, _ in tests]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def mean_std(values):
@@ -335,7 +393,8 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
 
 
 def write_reports(runs: List[Run], out: Path) -> dict:
-    """results.md, results.csv and curves.png in ``out``; returns their paths."""
+    """results.md/.csv (mean ± std per variant), runs.md/.json (every run) and curves.png in ``out``;
+    returns their paths."""
     rows = summarize(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -348,6 +407,10 @@ def write_reports(runs: List[Run], out: Path) -> dict:
         write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
     for key, text in (("markdown", markdown_table(rows)), ("csv", csv_table(rows))):
         write_text_atomically(paths[key], text)
+    records = [run_record(run) for run in runs]
+    paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"
+    write_text_atomically(paths["runs_markdown"], runs_markdown(records))
+    write_text_atomically(paths["runs_json"], json.dumps(records, indent=1) + "\n")
     plot_curves(runs, paths["png"])
     return paths
 

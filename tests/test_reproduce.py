@@ -24,8 +24,54 @@ def test_validation_curve_parses_fairseq_json_log(tmp_path):
         '"valid_num_updates": "2"}\n'
         '2026-01-01 00:00:02 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "4"}\n')
     assert reproduce.validation_curve(log) == [
-        {"updates": 2, "loss": 8.5, "bleu": 1.25}, {"updates": 4, "loss": 7.5, "bleu": None}]
+        {"epoch": 1, "updates": 2, "loss": 8.5, "bleu": 1.25}, {"epoch": 1, "updates": 4, "loss": 7.5, "bleu": None}]
     assert reproduce.mean_std([1.0, 3.0]) == (2.0, 2 ** 0.5) and reproduce.mean_std([5.0]) == (5.0, None)
+
+
+def test_how_training_ended_reads_the_last_session_of_the_log(tmp_path):
+    log = tmp_path / "train.log"
+    start = "2026-01-01 00:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+    done = "2026-01-01 00:00:09 | INFO | fairseq_cli.train | done training in 9.0 seconds\n"
+    early = ("2026-01-01 00:00:08 | INFO | fairseq_cli.train | early stop since valid performance hasn't "
+             "improved for last 5 runs\n")
+    assert reproduce.how_training_ended(tmp_path / "missing.log") is None
+    for text, expected in ((start, None), (start + done, "budget"), (start + early + done, "patience 5"),
+                           (start + early + done + start, None), (start + early + done + start + done, "budget")):
+        log.write_text(text)
+        assert reproduce.how_training_ended(log) == expected, text
+
+
+def test_run_records_show_every_run_as_it_stands(tmp_path):
+    """runs.md/runs.json: a finished run with its best epoch and test numbers, a run in
+    progress with its validations so far, a failed one with its error, one not started."""
+    finished, going, failed, waiting = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out",
+                                                        ["post_ln", "resi_dual", "b2t", "admin"], layers=[6])
+    log = ('x | INFO | valid | {"epoch": 1, "valid_loss": "6.5", "valid_num_updates": "698"}\n'
+           'x | INFO | valid | {"epoch": 2, "valid_loss": "5.25", "valid_num_updates": "1396"}\n'
+           'x | INFO | valid | {"epoch": 3, "valid_loss": "5.5", "valid_num_updates": "2094"}\n'
+           "x | INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 1 runs\n")
+    for run_ in (finished, going, failed):
+        run_.save_dir.mkdir(parents=True)
+    (finished.save_dir / "train.log").write_text(log)
+    (going.save_dir / "train.log").write_text(log.splitlines(keepends=True)[0])
+    (failed.failure_path).write_text(json.dumps({"error": "fairseq-train exited 1"}))
+    (finished.result_path).write_text(json.dumps({
+        "checkpoint": str(finished.save_dir / "checkpoint_best.pt"), "generation": {"beam": 5},
+        "sacrebleu": {"score": 19.814, "signature": "nrefs:1|tok:13a"}, "chrf": {"score": 41.29},
+        "tokenized_bleu": {"score": 14.79}}))
+    records = [reproduce.run_record(run_) for run_ in (finished, going, failed, waiting)]
+    assert [record["status"] for record in records] == ["finished", "unfinished", "failed", "not started"]
+    assert {key: records[0][key] for key in ("epochs", "ended_by", "best_valid_loss", "best_epoch", "test_bleu",
+                                             "beam", "checkpoint")} == {
+        "epochs": 3, "ended_by": "patience 1", "best_valid_loss": 5.25, "best_epoch": 2, "test_bleu": 19.814,
+        "beam": 5, "checkpoint": "checkpoint_best.pt"}
+    assert [point["updates"] for point in records[1]["validations"]] == [698] and "test_bleu" not in records[1]
+    assert records[2]["error"] == "fairseq-train exited 1"
+    table = reproduce.runs_markdown(records).splitlines()
+    assert table[0].endswith("| best valid loss (epoch) | test sacreBLEU | test chrF | test tok. BLEU |")
+    assert table[2] == "| sample-es-en | post_ln | 6 | 1 | finished | 3 (patience 1) | 5.250 (2) | 19.81 | 41.29 | 14.79 |"
+    assert table[3] == "| sample-es-en | resi_dual | 6 | 1 | unfinished | 1 (-) | 6.500 (1) | - | - | - |"
+    assert table[5] == "| sample-es-en | admin | 6 | 1 | not started | - | - | - | - | - |"
 
 
 def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path):  # noqa: F811
@@ -47,6 +93,10 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
     for row in rows:
         assert float(row["test_bleu_mean"]) >= 0 and float(row["last_valid_loss_mean"]) > 0
         assert 0 < float(row["best_valid_loss_mean"]) <= float(row["last_valid_loss_mean"])
+    runs_table = (out / "runs.md").read_text()
+    assert runs_table.count("| finished | ") == 2 and "| sample-es-en | resi_dual | 3 | 1 | finished |" in runs_table
+    records = json.loads((out / "runs.json").read_text())
+    assert [(record["variant"], len(record["validations"])) for record in records] == [("post_ln", 2), ("resi_dual", 2)]
     png = (out / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     for variant in ("post_ln", "resi_dual"):
