@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -482,6 +483,16 @@ def driver_command(run: Run, nprocs: int, extra_args, eval_overrides, threads: i
     return command + ["--", *extra_args]
 
 
+def driver_environment(environ=None) -> dict:
+    """The environment of a run's driver: it imports this very residual_fairseq, installed
+    or not (``python scripts/reproduce.py`` from a source checkout)."""
+    env = dict(os.environ if environ is None else environ)
+    source_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([source_root] + [path for path in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if path])
+    return env
+
+
 def run_in_parallel(runs: List[Run], jobs: int, nprocs: int = 1, extra_args=(), eval_overrides=None,
                     threads=None, verbose: bool = False) -> List[Run]:
     """Run the unfinished runs, ``jobs`` at a time; returns the runs that failed.
@@ -502,6 +513,7 @@ def run_in_parallel(runs: List[Run], jobs: int, nprocs: int = 1, extra_args=(), 
     print(f"{len(pending)} runs to do, {jobs} at a time, {threads} CPU thread{'s' if threads != 1 else ''} each",
           flush=True)
     processes, active, failed = [], {}, []
+    environment = driver_environment()
     with train.forwarding_stop_signals(processes) as received:
         stop_deadline = None
         try:
@@ -513,7 +525,7 @@ def run_in_parallel(runs: List[Run], jobs: int, nprocs: int = 1, extra_args=(), 
                     with open(log_path, "a", encoding="utf-8") as log:
                         process = subprocess.Popen(
                             driver_command(run, nprocs, extra_args, eval_overrides, threads, verbose),
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                             start_new_session=True, preexec_fn=train.die_with_the_driver())
                     processes.append(process)
                     active[process] = (run, log_path, time.time())

@@ -3,8 +3,10 @@ import csv
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -167,6 +169,21 @@ def test_a_jobs_child_is_the_same_run(tmp_path):
     assert reproduce.matrix(reproduce.parse_data(args.data, args.dataset), Path(args.out), args.variants,
                             args.layers, args.seeds) == [run_]
     assert reproduce.threads_per_job(3, threads=5) == 5 and reproduce.threads_per_job(10 ** 6) == 1
+
+
+def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):
+    """python scripts/reproduce.py works from a source checkout without installing: the
+    runs' drivers must import that checkout's package, not another one installed."""
+    env = reproduce.driver_environment({**CLI_ENV, "PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/elsewhere"]
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "residual_fairseq", checkout / "residual_fairseq",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    parent = (f"import subprocess, sys; sys.path.insert(0, {str(checkout)!r}); from residual_fairseq import reproduce; "
+              "print(subprocess.run([sys.executable, '-c', 'import residual_fairseq.reproduce as r; print(r.__file__)'], "
+              "env=reproduce.driver_environment(), capture_output=True, text=True).stdout)")
+    imported = subprocess.run([sys.executable, "-c", parent], env=CLI_ENV, cwd=tmp_path, capture_output=True, text=True)
+    assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce.py"), imported.stderr[-2000:]
 
 
 def _lines_with(text, *starts):
