@@ -82,6 +82,22 @@ class Run:
     def finished(self) -> bool:
         return self.result_path.is_file()
 
+    def result(self) -> dict:
+        """result.json, checked: UserError naming it when it is not what evaluation writes."""
+        try:
+            result = json.loads(self.result_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            result, problem = None, f"cannot be read ({err.__class__.__name__})"
+        else:
+            scores = ((("perplexity",), ("loss_base2",)) if is_language_model(self.dataset)
+                      else (("sacrebleu", "score"), ("chrf", "score")))
+            missing = [".".join(keys) for keys in scores if not _is_number(_dig(result, keys))]
+            problem = f"has no numeric {', '.join(missing)}" if missing else None
+        if problem:
+            raise UserError(f"{self.result_path} {problem}: it is not a result this tool wrote; "
+                            f"delete it to evaluate the run again")
+        return result
+
     @property
     def label(self) -> str:
         return f"{self.dataset} {self.variant} {self.layers}L seed {self.seed}"
@@ -99,6 +115,16 @@ class Run:
             return json.loads(self.failure_path.read_text(encoding="utf-8")).get("error", "failed")
         except (ValueError, UnicodeDecodeError):
             return "failed"
+
+
+def _dig(value, keys):
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def matrix(data: dict, out: Path, variants=None, layers=None, seeds=(1,)) -> List[Run]:
@@ -162,7 +188,7 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
     """
     if run.finished:
         print(f"skip {run.label}: finished ({run.result_path})", flush=True)
-        return json.loads(run.result_path.read_text(encoding="utf-8"))
+        return run.result()
     print(f"=== {run.label} -> {run.save_dir}", flush=True)
     train.train(train_request(run, nprocs, extra_args, threads), dry_run=dry_run)
     if is_language_model(run.dataset):
@@ -211,16 +237,20 @@ def validation_curve(log_path: Path) -> List[dict]:
         match = _VALID_LINE.search(line)
         if not match:
             continue
-        stats = json.loads(match.group(1))
-        bleu = stats.get("valid_bleu")
-        points.append({"epoch": int(float(stats.get("epoch", 0))), "updates": int(float(stats["valid_num_updates"])),
-                       "loss": float(stats["valid_loss"]), "bleu": float(bleu) if bleu is not None else None})
+        try:
+            stats = json.loads(match.group(1))
+            bleu = stats.get("valid_bleu")
+            points.append({"epoch": int(float(stats.get("epoch", 0))),
+                           "updates": int(float(stats["valid_num_updates"])), "loss": float(stats["valid_loss"]),
+                           "bleu": float(bleu) if bleu is not None else None})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a line fairseq wrote (a damaged or edited log): it is not a validation
     return points
 
 
 def run_metrics(run: Run) -> dict:
     """The numbers one finished run contributes to the table."""
-    result = json.loads(run.result_path.read_text(encoding="utf-8"))
+    result = run.result()
     curve = validation_curve(run.save_dir / train.LOG_NAME)
     if is_language_model(run.dataset):
         return {"test_ppl": result["perplexity"], "test_loss": result["loss_base2"],
@@ -229,7 +259,8 @@ def run_metrics(run: Run) -> dict:
     return {
         "test_bleu": result["sacrebleu"]["score"],
         "test_chrf": result["chrf"]["score"],
-        "test_tok_bleu": result.get("tokenized_bleu", {}).get("score"),
+        "test_tok_bleu": _dig(result, ("tokenized_bleu", "score")) if _is_number(_dig(result, ("tokenized_bleu", "score")))
+        else None,
         "best_valid_bleu": max(bleus) if bleus else None,
         "best_valid_loss": min((point["loss"] for point in curve), default=None),
         "last_valid_loss": curve[-1]["loss"] if curve else None,
@@ -265,12 +296,12 @@ def run_record(run: Run) -> dict:
               "ended_by": how_training_ended(run.save_dir / train.LOG_NAME),
               "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
     if run.finished:
-        result = json.loads(run.result_path.read_text(encoding="utf-8"))
+        result = run.result()
         record.update({column: value for column, value in run_metrics(run).items() if column.startswith("test_")})
-        record["checkpoint"] = Path(result.get("checkpoint", "?")).name
+        record["checkpoint"] = Path(str(result.get("checkpoint", "?"))).name
         if "sacrebleu" in result:
-            record["beam"] = (result.get("generation") or {}).get("beam")
-            record["sacrebleu_signature"] = result["sacrebleu"].get("signature")
+            record["beam"] = _dig(result, ("generation", "beam"))
+            record["sacrebleu_signature"] = _dig(result, ("sacrebleu", "signature"))
     if run.failure:
         record["error"] = run.failure
     record["validations"] = curve

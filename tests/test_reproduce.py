@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import CLI_ENV, REPO, run
+import pytest
+from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import reproduce
 
 # Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
@@ -115,8 +116,6 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     """--layers takes depths the dataset does not ship; a run without checkpoint_best.pt (trained with
     --disable-validation) is evaluated on checkpoint_last.pt, saying so; a failing run is reported in the
     table while the others go on."""
-    import pytest
-
     from residual_fairseq import evaluate, train
     from residual_fairseq.errors import UserError
 
@@ -248,3 +247,38 @@ def test_jobs_stop_together_on_sigterm(sample_prepared, tmp_path):  # noqa: F811
             os.close(lock)
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("garbage{", "cannot be read (JSONDecodeError)"),
+    ("[1, 2]", "has no numeric sacrebleu.score, chrf.score"),
+    ('{"sacrebleu": {"score": "19.8"}, "chrf": {"score": 41.3}}', "has no numeric sacrebleu.score"),
+    ('{"sacrebleu": {"score": 19.8}, "chrf": {"score": NaN}}', "has no numeric chrf.score"),
+])
+def test_a_result_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, problem):
+    """A finished run's result.json feeds every table: one that evaluation did not write
+    (edited, damaged) is named in one line, instead of a traceback from inside the tables."""
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    run_.save_dir.mkdir(parents=True)
+    run_.result_path.write_text(content)
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+                                               "post_ln", "--layers", "2", "--out", tmp_path / "out", "--report-only"],
+                      only_line=True)
+    assert line == (f"error: {run_.result_path} {problem}: it is not a result this tool wrote; "
+                    "delete it to evaluate the run again")
+
+
+def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tmp_path):
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    run_.save_dir.mkdir(parents=True)
+    run_.result_path.write_text('{"sacrebleu": {"score": 1.5}, "chrf": {"score": 3}, "tokenized_bleu": 7, '
+                                '"generation": [1], "checkpoint": 5}')
+    (run_.save_dir / "train.log").write_text(
+        'x | INFO | valid | {"epoch": 1, "valid_loss": "oops", "valid_num_updates": "2"}\n'
+        'x | INFO | valid | {"epoch": 1, "valid_num_updates": "2"}\n'
+        'x | INFO | valid | {not json}\n'
+        'x | INFO | valid | {"epoch": 2, "valid_loss": "4.5", "valid_num_updates": "4"}\n')
+    paths = reproduce.write_reports([run_], tmp_path / "out")
+    [record] = json.loads(paths["runs_json"].read_text())
+    assert (record["test_bleu"], record["test_tok_bleu"], record["beam"], record["checkpoint"]) == (1.5, None, None, "5")
+    assert [point["loss"] for point in record["validations"]] == [4.5]
