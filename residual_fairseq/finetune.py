@@ -119,7 +119,13 @@ class FinetuneRequest:
 
 def original_run(request: FinetuneRequest):
     """(config triple, original prepared directory) of the checkpoint's training."""
-    record = train.read_run_record(Path(request.checkpoint).parent) or {}
+    record = {}
+    if request.config is None or request.vocab_from is None:
+        try:
+            record = train.read_run_record(Path(request.checkpoint).parent) or {}
+        except UserError as err:
+            raise UserError(f"{err}; pass --train-config DATASET VARIANT LAYERS and --vocab-from "
+                            "ORIGINAL_PREPARED_DIR instead") from None
     config = request.config or ((record["dataset"], record["variant"], record["layers"],
                                  record.get("decoder_layers") or record["layers"]) if record else None)
     if config is None:

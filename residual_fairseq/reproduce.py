@@ -37,6 +37,7 @@ from typing import List, Optional
 from . import configs, train
 from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import atomic_output, write_text_atomically
+from .data.pipeline import is_prepare_manifest, read_manifest
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .variants import COLOURS, VARIANTS
@@ -164,12 +165,15 @@ def checkpoint_to_evaluate(run: Run) -> Path:
 def evaluation_options(run: Run) -> dict:
     """evaluate_run keyword arguments: the dataset's choices plus how the data were segmented."""
     options = dict(configs.DATASETS[run.dataset].evaluation)
-    manifest_path = run.data.parent / "manifest.json"  # residual-fairseq-prepare's OUT/bin layout
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        options["subword"] = manifest.get("subword", {}).get("method", "none")
-        if manifest.get("settings", {}).get("tokenizer") == "moses":
-            options["detok_lang"] = manifest["target_lang"]
+    manifest = read_manifest(run.data.parent)  # residual-fairseq-prepare's OUT/bin layout
+    if is_prepare_manifest(manifest):
+        method = _dig(manifest, ("subword", "method"))
+        if not isinstance(method, str):
+            raise UserError(f"{run.data.parent / 'manifest.json'} names no subword method: re-run "
+                            f"residual-fairseq-prepare, or give data prepared elsewhere without its manifest.json")
+        options["subword"] = method
+        if _dig(manifest, ("settings", "tokenizer")) == "moses":
+            options["detok_lang"] = str(manifest["target_lang"])
     else:
         # Not prepared by us: infer from the config's validation-BLEU settings.
         task = configs.load(run.dataset, run.variant, run.layers)["task"]

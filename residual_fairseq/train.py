@@ -319,10 +319,33 @@ def write_run_record(request: TrainRequest, train_plan: TrainPlan) -> Path:
 
 
 def read_run_record(save_dir) -> Optional[dict]:
+    """``SAVE_DIR/run.json`` (None when there is none), checked: it comes with a checkpoint
+    someone handed over, so one that this tool did not write is a one-line UserError."""
     path = Path(save_dir) / RUN_RECORD_NAME
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        record, problem = None, f"cannot be read ({err.__class__.__name__})"
+    else:
+        problem = _run_record_problem(record)
+    if problem:
+        raise UserError(f"{path} {problem}: it is not a run record residual-fairseq-train wrote")
+    return record
+
+
+def _run_record_problem(record) -> Optional[str]:
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    for key in ("dataset", "variant", "data"):
+        if not isinstance(record.get(key), str):
+            return f"has no '{key}' string"
+    for key, required in (("layers", True), ("decoder_layers", False)):
+        value = record.get(key)
+        if (value is not None or required) and not (type(value) is int and 1 <= value <= configs.MAX_LAYERS):
+            return f"has no '{key}' from 1 to {configs.MAX_LAYERS}"
+    return None
 
 
 _STATS_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")

@@ -1,4 +1,6 @@
 """Fine-tuning on a new pair: the sample es->en model continues on en->es with its vocabulary."""
+from pathlib import Path
+
 import pytest
 
 from helpers import CLI_ENV, REPO, run
@@ -42,3 +44,35 @@ def test_incompatible_vocabulary_is_one_line(es_en_checkpoint, tmp_path):
     (tmp_path / "other.txt").write_text("x 1\n")
     with pytest.raises(finetune.VocabularyMismatch, match="none for 'fr'"):
         vocabulary.dictionary_for("fr")
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("garbage", "cannot be read (JSONDecodeError)"),
+    ("[1]", "is not a JSON object"),
+    ('{"dataset": "sample-es-en"}', "has no 'variant' string"),
+    ('{"dataset": "sample-es-en", "variant": "post_ln", "layers": 2, "data": null}', "has no 'data' string"),
+    ('{"dataset": "sample-es-en", "variant": "post_ln", "layers": "2", "data": "d/bin"}', "has no 'layers' from 1 to 1000"),
+    ('{"dataset": "sample-es-en", "variant": "post_ln", "layers": 2, "decoder_layers": true, "data": "d/bin"}',
+     "has no 'decoder_layers' from 1 to 1000"),
+])
+def test_a_run_record_beside_a_handed_over_checkpoint_is_checked(tmp_path, content, problem):
+    """run.json comes with the checkpoint: one this tool did not write is one line (it was a
+    KeyError/TypeError traceback), and it is not read when the flags replace it."""
+    (tmp_path / "run.json").write_text(content)
+    request = finetune.FinetuneRequest(tmp_path / "checkpoint_best.pt", "sample-es-en", "en", "es",
+                                       tmp_path / "new", tmp_path / "save")
+    with pytest.raises(finetune.UserError) as refused:
+        finetune.original_run(request)
+    assert str(refused.value) == (f"{tmp_path / 'run.json'} {problem}: it is not a run record residual-fairseq-train "
+                                  "wrote; pass --train-config DATASET VARIANT LAYERS and --vocab-from "
+                                  "ORIGINAL_PREPARED_DIR instead")
+    request.config, request.vocab_from = ("sample-es-en", "post_ln", 2, 2), tmp_path / "prepared"
+    assert finetune.original_run(request) == (("sample-es-en", "post_ln", 2, 2), tmp_path / "prepared")
+
+
+def test_a_run_record_this_tool_wrote_names_the_original_run(tmp_path):
+    (tmp_path / "run.json").write_text('{"dataset": "sample-es-en", "variant": "b2t", "layers": 6, '
+                                       '"decoder_layers": 3, "data": "/x/prepared/bin"}')
+    request = finetune.FinetuneRequest(tmp_path / "checkpoint_best.pt", "sample-es-en", "en", "es",
+                                       tmp_path / "new", tmp_path / "save")
+    assert finetune.original_run(request) == (("sample-es-en", "b2t", 6, 3), Path("/x/prepared"))

@@ -282,3 +282,26 @@ def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tm
     [record] = json.loads(paths["runs_json"].read_text())
     assert (record["test_bleu"], record["test_tok_bleu"], record["beam"], record["checkpoint"]) == (1.5, None, None, "5")
     assert [point["loss"] for point in record["validations"]] == [4.5]
+
+
+def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):
+    """The manifest beside the data says how to remove subwords before scoring: another
+    tool's manifest.json is ignored (the config decides), a damaged one of ours is one line."""
+    from residual_fairseq.errors import UserError
+
+    (tmp_path / "bin").mkdir()
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    from_config = reproduce.evaluation_options(run_)
+    manifest = {"format": 1, "dataset": "sample-es-en", "source_lang": "es", "target_lang": "en",
+                "settings": {"tokenizer": "moses"}, "subword": {"method": "spm-bpe"}, "files": {}}
+    from residual_fairseq.data.pipeline import MANIFEST_FORMAT
+    manifest["format"] = MANIFEST_FORMAT
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert reproduce.evaluation_options(run_) == {**from_config, "subword": "spm-bpe", "detok_lang": "en"}
+    (tmp_path / "manifest.json").write_text('{"name": "some other tool"}')
+    assert reproduce.evaluation_options(run_) == from_config
+    for damaged, message in (("garbage", "is not a readable manifest"),
+                             (json.dumps({**manifest, "subword": {"method": {"x": 1}}}), "names no subword method")):
+        (tmp_path / "manifest.json").write_text(damaged)
+        with pytest.raises(UserError, match=message):
+            reproduce.evaluation_options(run_)
