@@ -53,6 +53,7 @@ setup(
         "subword-nmt",
         "matplotlib",
         "tqdm",
+        "scipy",                 # reproduce's seed-noise test (Welch's t); fairseq already pulls it in via scikit-learn
         "tensorboardX>=2.6",     # fairseq-train --tensorboard-logdir (fairseq prints "Please install tensorboardX" without it)
     ],
     extras_require={"test": ["pytest"]},

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -357,6 +358,63 @@ def summarize(runs: List[Run]) -> List[dict]:
     return rows
 
 
+# The test metrics compared across variants for seed noise, and which way is better.
+NOISE_METRICS = {"test_bleu": ("test sacreBLEU", max), "test_chrf": ("test chrF", max),
+                 "test_ppl": ("test perplexity", min)}
+NOISE_ALPHA = 0.05
+
+
+def seed_noise(runs: List[Run], alpha: float = NOISE_ALPHA) -> List[dict]:
+    """Per dataset, depth and test metric: each variant against the best one, by Welch's
+    t-test over their seeds (two-sided; variants with fewer than 2 finished seeds are left out).
+
+    A difference is "beyond seed noise" when p < ``alpha``. No correction for the several
+    comparisons is made: with 3 seeds a test this small is a guide, not proof.
+    """
+    values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
+    for run in runs:
+        if run.finished:
+            metrics = run_metrics(run)
+            for metric in NOISE_METRICS:
+                if metrics.get(metric) is not None:
+                    values.setdefault((run.dataset, run.layers, metric), {}).setdefault(run.variant, []).append(
+                        metrics[metric])
+    rows = []
+    for (dataset, layers, metric), by_variant in values.items():
+        label, better = NOISE_METRICS[metric]
+        seeded = {variant: seeds for variant, seeds in by_variant.items() if len(seeds) >= 2}
+        if len(seeded) < 2:
+            continue
+        from scipy.stats import ttest_ind
+
+        best = better(seeded, key=lambda variant: mean_std(seeded[variant])[0])
+        for variant, seeds in seeded.items():
+            if variant == best:
+                continue
+            with warnings.catch_warnings():  # (nearly) identical seeds: scipy warns, and p is nan or 1
+                warnings.simplefilter("ignore", RuntimeWarning)
+                p_value = float(ttest_ind(seeded[best], seeds, equal_var=False).pvalue)
+            verdict = ("no spread to test" if math.isnan(p_value)
+                       else "beyond seed noise" if p_value < alpha else "within seed noise")
+            rows.append({"dataset": dataset, "layers": layers, "metric": label, "best": best, "variant": variant,
+                         "difference": mean_std(seeds)[0] - mean_std(seeded[best])[0], "p": p_value,
+                         "verdict": verdict})
+    return rows
+
+
+def seed_noise_markdown(rows: List[dict]) -> str:
+    if not rows:
+        return ""
+    lines = [f"\nEach variant against the best, Welch's t-test over the seeds (two-sided, p < {NOISE_ALPHA}; "
+             "no correction for the several comparisons; a variant with one finished seed is left out):\n",
+             "| dataset | layers | metric | best | variant | difference | p | verdict |", "|" + "---|" * 8]
+    for row in rows:
+        p_value = "-" if math.isnan(row["p"]) else f"{row['p']:.3f}"
+        lines.append(f"| {row['dataset']} | {row['layers']} | {row['metric']} | {row['best']} | {row['variant']} | "
+                     f"{row['difference']:+.2f} | {p_value} | {row['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
 def _cell(mean, std):
     if mean is None:
         return "-"
@@ -429,9 +487,10 @@ def plot_curves(runs: List[Run], path: Path) -> Path:
 
 
 def write_reports(runs: List[Run], out: Path) -> dict:
-    """results.md/.csv (mean ± std per variant), runs.md/.json (every run) and curves.png in ``out``;
-    returns their paths."""
+    """results.md/.csv (mean ± std per variant; the markdown adds which differences are beyond
+    seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths."""
     rows = summarize(runs)
+    noise = seed_noise(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
@@ -439,9 +498,11 @@ def write_reports(runs: List[Run], out: Path) -> dict:
     if lm_rows:  # language models get their own table (perplexities, not BLEU)
         rows = [row for row in rows if not is_language_model(row["dataset"])]
         paths["lm_markdown"], paths["lm_csv"] = out / "results-lm.md", out / "results-lm.csv"
-        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS))
+        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS) + seed_noise_markdown(
+            [row for row in noise if is_language_model(row["dataset"])]))
         write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
-    for key, text in (("markdown", markdown_table(rows)), ("csv", csv_table(rows))):
+    translation_noise = seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
+    for key, text in (("markdown", markdown_table(rows) + translation_noise), ("csv", csv_table(rows))):
         write_text_atomically(paths[key], text)
     records = [run_record(run) for run in runs]
     paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"

@@ -305,3 +305,41 @@ def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):
         (tmp_path / "manifest.json").write_text(damaged)
         with pytest.raises(UserError, match=message):
             reproduce.evaluation_options(run_)
+
+
+def _finished(run_, bleu, chrf):
+    run_.save_dir.mkdir(parents=True, exist_ok=True)
+    run_.result_path.write_text(json.dumps({"sacrebleu": {"score": bleu}, "chrf": {"score": chrf}}))
+
+
+def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
+    """Each variant against the best by Welch's t-test over its seeds, checked against the
+    test written out by hand; a variant with one seed is left out."""
+    from scipy.stats import t as student_t
+
+    bleu = {"resi_dual": [20.0, 21.0, 22.5], "post_ln": [10.0, 11.0, 12.0], "pre_ln": [19.5, 21.5, 20.0],
+            "b2t": [30.0]}
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", list(bleu), layers=[6],
+                            seeds=[1, 2, 3])
+    for run_ in runs:
+        if run_.seed <= len(bleu[run_.variant]):
+            _finished(run_, bleu[run_.variant][run_.seed - 1], chrf=40.0)
+    rows = {(row["metric"], row["variant"]): row for row in reproduce.seed_noise(runs)}
+    assert set(rows) == {("test sacreBLEU", "post_ln"), ("test sacreBLEU", "pre_ln"),
+                         ("test chrF", "post_ln"), ("test chrF", "pre_ln")}
+
+    def welch_p(a, b):
+        (ma, sa), (mb, sb) = reproduce.mean_std(a), reproduce.mean_std(b)
+        va, vb = sa ** 2 / len(a), sb ** 2 / len(b)
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        return 2 * student_t.sf(abs(ma - mb) / (va + vb) ** 0.5, df)
+
+    for variant, verdict in (("post_ln", "beyond seed noise"), ("pre_ln", "within seed noise")):
+        row = rows[("test sacreBLEU", variant)]
+        assert row["best"] == "resi_dual" and row["verdict"] == verdict
+        assert abs(row["p"] - welch_p(bleu["resi_dual"], bleu[variant])) < 1e-9
+        assert abs(row["difference"] - (sum(bleu[variant]) - sum(bleu["resi_dual"])) / 3) < 1e-9
+    assert rows[("test chrF", "pre_ln")]["verdict"] == "no spread to test"  # every seed's chrF is the same
+    table = reproduce.write_reports(runs, tmp_path / "out")["markdown"].read_text()
+    assert "Welch's t-test over the seeds" in table
+    assert "| sample-es-en | 6 | test sacreBLEU | resi_dual | post_ln | -10.17 |" in table
