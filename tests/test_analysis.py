@@ -257,3 +257,58 @@ def test_cli_refuses_a_data_dir_that_is_not_one_and_an_unrelated_out_dir(toy_dat
         main([str(toy_data_bin), "--out", str(unrelated), "--variants", "post_ln", "--layers", "1"])
     assert "not an earlier analysis output" in capsys.readouterr().err
     assert (unrelated / "notes.txt").read_text() == "keep me"
+
+
+def _saved_report():
+    """A real analysis.json (the baselines figure's), as a Python object to damage."""
+    from helpers import REPO
+
+    return json.loads((REPO / "docs" / "figures" / "baselines" / "analysis.json").read_text())
+
+
+def _first_measurement(report):
+    return report["runs"][0]["measurements"][0]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r.pop("runs"), "it holds no list of runs"),
+    (lambda r: r["runs"][0].__setitem__("label", 5), "runs[0].label is not a name"),
+    (lambda r: r["runs"][0].__setitem__("train_loss", ["a"]), "runs[0].train_loss is not a list of numbers"),
+    (lambda r: r["runs"][0].__setitem__("diverged_at", -1), "runs[0].diverged_at is not an update number"),
+    (lambda r: r["runs"][0].__setitem__("measurements", []), "runs[0].measurements is not a list of measurements"),
+    (lambda r: _first_measurement(r).__setitem__("step", None), "runs[0].measurements[0] has no update number"),
+    (lambda r: _first_measurement(r).__setitem__("loss", "low"), "runs[0].measurements[0] has no update number"),
+    (lambda r: _first_measurement(r)["encoder"].__setitem__("cos_next", "zz"),
+     "runs[0].measurements[0].encoder.cos_next is not a list of numbers"),
+    (lambda r: _first_measurement(r)["encoder"].__setitem__("evil", 1), "runs[0].measurements[0].encoder is not an object"),
+    (lambda r: _first_measurement(r).pop("encoder"), "runs[1].measurements[0] measures encoder, decoder, the runs "
+                                                     "before it decoder"),
+])
+def test_a_merged_report_that_analyze_did_not_write_is_one_line(tmp_path, capsys, damage, message):
+    """--merge reads files handed over: each part is checked before any table or figure is
+    drawn (type confusions were tracebacks from matplotlib, or strings in the tables)."""
+    report = _saved_report()
+    damage(report)
+    (tmp_path / "a.json").write_text(json.dumps(report))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--merge", str(tmp_path / "a.json"), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: cannot read {tmp_path / 'a.json'} as an analysis.json: {message}"), err
+    assert "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_takes_like_with_like(tmp_path, capsys):
+    """A decoder-only (language model) report and a translation report do not merge."""
+    translation, decoder_only = _saved_report(), _saved_report()
+    for run in decoder_only["runs"]:
+        run["label"] += "-lm"
+        for measurement in run["measurements"]:
+            measurement.pop("encoder")
+    (tmp_path / "mt.json").write_text(json.dumps(translation))
+    (tmp_path / "lm.json").write_text(json.dumps(decoder_only))
+    main(["--merge", str(tmp_path / "lm.json"), "--out", str(tmp_path / "lm")])  # alone, it is fine
+    with pytest.raises(SystemExit):
+        main(["--merge", str(tmp_path / "mt.json"), str(tmp_path / "lm.json"), "--out", str(tmp_path / "out")])
+    assert "--merge: the files measure different stacks" in capsys.readouterr().err

@@ -201,15 +201,24 @@ def main(argv=None):
     write_report(measure_all, record, Path(args.out))
 
 
+MAX_REPORT_BYTES = 256 << 20   # an analysis.json of many deep runs is a few MiB
+
+
 def merge_reports(paths, out: Path):
     runs, settings = [], []
     for path in paths:
         try:
-            report = json.loads(Path(path).read_text())
+            if Path(path).stat().st_size > MAX_REPORT_BYTES:
+                raise ValueError(f"it is larger than {MAX_REPORT_BYTES >> 20} MiB")
+            report = json.loads(Path(path).read_text(encoding="utf-8"))
             runs += runs_from_dict(report)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise UserError(f"cannot read {path} as an analysis.json: {err}") from err
+            raise UserError(f"cannot read {path} as an analysis.json: {err}") from None
         settings.append(report.get("settings"))
+    measured = {tuple(run.measurements[0].stacks) for run in runs}
+    if len(measured) > 1:
+        raise UserError("--merge: the files measure different stacks (a language model's decoder and a "
+                        "translation model's encoder and decoder?): merge like with like")
     labels = [run.label for run in runs]
     if len(set(labels)) != len(labels):
         raise UserError(f"--merge: run labels repeat across the files: {', '.join(labels)}")

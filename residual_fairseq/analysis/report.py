@@ -1,7 +1,8 @@
 """Every number as JSON and CSV, and the figures that show them at a glance."""
 import csv
+import dataclasses
 import json
-from dataclasses import asdict
+from dataclasses import MISSING, asdict
 from pathlib import Path
 from typing import Dict, List
 
@@ -50,8 +51,61 @@ def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
     }
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # NaN/inf: a diverged run's
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_numbers(value, where: str) -> None:
+    if not isinstance(value, list) or not all(_is_number(item) for item in value):
+        raise ValueError(f"{where} is not a list of numbers")
+
+
+def check_report(report) -> None:
+    """Raise ValueError naming the first part of ``report`` that is not what
+    :func:`runs_to_dict` writes (an ``analysis.json`` handed over is checked before use)."""
+    if not isinstance(report, dict) or not isinstance(report.get("runs"), list) or not report["runs"]:
+        raise ValueError("it holds no list of runs")
+    fields = {field.name: field.default is MISSING for field in dataclasses.fields(StackMeasurement)}
+    stacks = None
+    for i, run in enumerate(report["runs"]):
+        where = f"runs[{i}]"
+        if not isinstance(run, dict) or set(run) != {"label", "diverged_at", "train_loss", "measurements"}:
+            raise ValueError(f"{where} is not an object with label, diverged_at, train_loss and measurements")
+        if not isinstance(run["label"], str) or not run["label"]:
+            raise ValueError(f"{where}.label is not a name")
+        if run["diverged_at"] is not None and not _is_count(run["diverged_at"]):
+            raise ValueError(f"{where}.diverged_at is not an update number")
+        _check_numbers(run["train_loss"], f"{where}.train_loss")
+        if not isinstance(run["measurements"], list) or not run["measurements"]:
+            raise ValueError(f"{where}.measurements is not a list of measurements")
+        for j, measurement in enumerate(run["measurements"]):
+            at = f"{where}.measurements[{j}]"
+            if not isinstance(measurement, dict) or not set(measurement) - {"step", "loss"} <= set(STACKS):
+                raise ValueError(f"{at} is not an object with step, loss and {' or '.join(STACKS)}")
+            if not _is_count(measurement.get("step")) or not _is_number(measurement.get("loss")):
+                raise ValueError(f"{at} has no update number (step) or no loss")
+            measured = tuple(name for name in STACKS if name in measurement)
+            if not measured or measured != (stacks or measured):
+                raise ValueError(f"{at} measures {', '.join(measured) or 'no stack'}, the runs before it "
+                                 f"{', '.join(stacks)}")
+            stacks = measured
+            for name in measured:
+                values = measurement[name]
+                if not isinstance(values, dict) or not set(values) <= set(fields):
+                    raise ValueError(f"{at}.{name} is not an object of {', '.join(fields)}")
+                for field, required in fields.items():
+                    if required or values.get(field) is not None:
+                        _check_numbers(values.get(field), f"{at}.{name}.{field}")
+
+
 def runs_from_dict(report: Dict) -> List[Run]:
-    """The inverse of :func:`runs_to_dict`: runs back from an ``analysis.json``."""
+    """The inverse of :func:`runs_to_dict`: runs back from an ``analysis.json`` (ValueError
+    when it is not one, see :func:`check_report`)."""
+    check_report(report)
     runs = []
     for r in report["runs"]:
         run = Run(label=r["label"], train_loss=r["train_loss"], diverged_at=r["diverged_at"])
