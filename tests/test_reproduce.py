@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import reproduce
+from residual_fairseq import reproduce_report as report
 
 # Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
 FAIRSEQ_FLAGS = ["--max-update", "4", "--validate-interval-updates", "2", "--max-tokens", "1024", "--max-valid-steps", "1",
@@ -26,9 +27,9 @@ def test_validation_curve_parses_fairseq_json_log(tmp_path):
         '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "8.5", "valid_bleu": "1.25", '
         '"valid_num_updates": "2"}\n'
         '2026-01-01 00:00:02 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "4"}\n')
-    assert reproduce.validation_curve(log) == [
+    assert report.validation_curve(log) == [
         {"epoch": 1, "updates": 2, "loss": 8.5, "bleu": 1.25}, {"epoch": 1, "updates": 4, "loss": 7.5, "bleu": None}]
-    assert reproduce.mean_std([1.0, 3.0]) == (2.0, 2 ** 0.5) and reproduce.mean_std([5.0]) == (5.0, None)
+    assert report.mean_std([1.0, 3.0]) == (2.0, 2 ** 0.5) and report.mean_std([5.0]) == (5.0, None)
 
 
 def test_how_training_ended_reads_the_last_session_of_the_log(tmp_path):
@@ -37,11 +38,11 @@ def test_how_training_ended_reads_the_last_session_of_the_log(tmp_path):
     done = "2026-01-01 00:00:09 | INFO | fairseq_cli.train | done training in 9.0 seconds\n"
     early = ("2026-01-01 00:00:08 | INFO | fairseq_cli.train | early stop since valid performance hasn't "
              "improved for last 5 runs\n")
-    assert reproduce.how_training_ended(tmp_path / "missing.log") is None
+    assert report.how_training_ended(tmp_path / "missing.log") is None
     for text, expected in ((start, None), (start + done, "budget"), (start + early + done, "patience 5"),
                            (start + early + done + start, None), (start + early + done + start + done, "budget")):
         log.write_text(text)
-        assert reproduce.how_training_ended(log) == expected, text
+        assert report.how_training_ended(log) == expected, text
 
 
 def test_run_records_show_every_run_as_it_stands(tmp_path):
@@ -62,7 +63,7 @@ def test_run_records_show_every_run_as_it_stands(tmp_path):
         "checkpoint": str(finished.save_dir / "checkpoint_best.pt"), "generation": {"beam": 5},
         "sacrebleu": {"score": 19.814, "signature": "nrefs:1|tok:13a"}, "chrf": {"score": 41.29},
         "tokenized_bleu": {"score": 14.79}}))
-    records = [reproduce.run_record(run_) for run_ in (finished, going, failed, waiting)]
+    records = [report.run_record(run_) for run_ in (finished, going, failed, waiting)]
     assert [record["status"] for record in records] == ["finished", "unfinished", "failed", "not started"]
     assert {key: records[0][key] for key in ("epochs", "ended_by", "best_valid_loss", "best_epoch", "test_bleu",
                                              "beam", "checkpoint")} == {
@@ -70,7 +71,7 @@ def test_run_records_show_every_run_as_it_stands(tmp_path):
         "beam": 5, "checkpoint": "checkpoint_best.pt"}
     assert [point["updates"] for point in records[1]["validations"]] == [698] and "test_bleu" not in records[1]
     assert records[2]["error"] == "fairseq-train exited 1"
-    table = reproduce.runs_markdown(records).splitlines()
+    table = report.runs_markdown(records).splitlines()
     assert table[0].endswith("| best valid loss (epoch) | test sacreBLEU | test chrF | test tok. BLEU |")
     assert table[2] == "| sample-es-en | post_ln | 6 | 1 | finished | 3 (patience 1) | 5.250 (2) | 19.81 | 41.29 | 14.79 |"
     assert table[3] == "| sample-es-en | resi_dual | 6 | 1 | unfinished | 1 (-) | 6.500 (1) | - | - | - |"
@@ -104,7 +105,7 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     for variant in ("post_ln", "resi_dual"):
         save_dir = out / "runs" / "sample-es-en" / f"{variant}-3l" / "seed1"
-        assert len(reproduce.validation_curve(save_dir / "train.log")) == 2
+        assert len(report.validation_curve(save_dir / "train.log")) == 2
         assert (save_dir / "result.json").is_file()
 
     again = run(command, env=CLI_ENV)
@@ -278,7 +279,7 @@ def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tm
         'x | INFO | valid | {"epoch": 1, "valid_num_updates": "2"}\n'
         'x | INFO | valid | {not json}\n'
         'x | INFO | valid | {"epoch": 2, "valid_loss": "4.5", "valid_num_updates": "4"}\n')
-    paths = reproduce.write_reports([run_], tmp_path / "out")
+    paths = report.write_reports([run_], tmp_path / "out")
     [record] = json.loads(paths["runs_json"].read_text())
     assert (record["test_bleu"], record["test_tok_bleu"], record["beam"], record["checkpoint"]) == (1.5, None, None, "5")
     assert [point["loss"] for point in record["validations"]] == [4.5]
@@ -324,12 +325,12 @@ def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
     for run_ in runs:
         if run_.seed <= len(bleu[run_.variant]):
             _finished(run_, bleu[run_.variant][run_.seed - 1], chrf=40.0)
-    rows = {(row["metric"], row["variant"]): row for row in reproduce.seed_noise(runs)}
+    rows = {(row["metric"], row["variant"]): row for row in report.seed_noise(runs)}
     assert set(rows) == {("test sacreBLEU", "post_ln"), ("test sacreBLEU", "pre_ln"),
                          ("test chrF", "post_ln"), ("test chrF", "pre_ln")}
 
     def welch_p(a, b):
-        (ma, sa), (mb, sb) = reproduce.mean_std(a), reproduce.mean_std(b)
+        (ma, sa), (mb, sb) = report.mean_std(a), report.mean_std(b)
         va, vb = sa ** 2 / len(a), sb ** 2 / len(b)
         df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
         return 2 * student_t.sf(abs(ma - mb) / (va + vb) ** 0.5, df)
@@ -340,6 +341,6 @@ def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
         assert abs(row["p"] - welch_p(bleu["resi_dual"], bleu[variant])) < 1e-9
         assert abs(row["difference"] - (sum(bleu[variant]) - sum(bleu["resi_dual"])) / 3) < 1e-9
     assert rows[("test chrF", "pre_ln")]["verdict"] == "no spread to test"  # every seed's chrF is the same
-    table = reproduce.write_reports(runs, tmp_path / "out")["markdown"].read_text()
+    table = report.write_reports(runs, tmp_path / "out")["markdown"].read_text()
     assert "Welch's t-test over the seeds" in table
     assert "| sample-es-en | 6 | test sacreBLEU | resi_dual | post_ln | -10.17 |" in table

@@ -1,0 +1,341 @@
+"""The tables and curves of a reproduce matrix, from what its runs left on disk.
+
+Each run's ``result.json`` (test numbers) and ``train.log`` (fairseq's JSON log: every
+validation) are read, never trusted blindly: a result this tool did not write is a
+one-line error (:meth:`residual_fairseq.reproduce.Run.result`), damaged log lines are
+skipped. :func:`write_reports` writes::
+
+    OUT/results.md  OUT/results.csv    mean ± std over seeds per dataset, variant, depth
+                                       (the markdown adds which differences are beyond seed noise)
+    OUT/runs.md     OUT/runs.json      every run as it stands, seed by seed
+    OUT/curves.png                     validation loss and BLEU against updates
+"""
+import csv
+import io
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+from . import configs, train
+from .atomic import atomic_output, write_text_atomically
+from .variants import COLOURS
+
+if TYPE_CHECKING:
+    from .reproduce import Run
+
+METRICS = (  # (column, label in the markdown table)
+    ("test_bleu", "test sacreBLEU"),
+    ("test_chrf", "test chrF"),
+    ("test_tok_bleu", "test tok. BLEU"),
+    ("best_valid_bleu", "best valid BLEU"),
+    ("best_valid_loss", "best valid loss"),   # the checkpoint_best.pt that is scored
+    ("last_valid_loss", "last valid loss"),
+)
+# Language models (configs whose DatasetSpec.task is language_modeling): perplexities.
+LM_METRICS = (
+    ("test_ppl", "test perplexity"),
+    ("test_loss", "test loss (base 2)"),
+    ("best_valid_ppl", "best valid perplexity"),
+)
+_VALID_LINE = re.compile(r"\| valid \| (\{.*\})\s*$")
+_EARLY_STOP = re.compile(r"early stop since valid performance hasn't improved for last (\d+) runs")
+
+
+def is_language_model(dataset: str) -> bool:
+    return configs.DATASETS[dataset].task == "language_modeling"
+
+
+def metrics_for(dataset: str):
+    return LM_METRICS if is_language_model(dataset) else METRICS
+
+
+def dig(value, keys):
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validation_curve(log_path: Path) -> List[dict]:
+    """(updates, loss, bleu) of every validation in a fairseq ``--log-format json`` log file."""
+    points = []
+    if not Path(log_path).is_file():
+        return points
+    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _VALID_LINE.search(line)
+        if not match:
+            continue
+        try:
+            stats = json.loads(match.group(1))
+            bleu = stats.get("valid_bleu")
+            points.append({"epoch": int(float(stats.get("epoch", 0))),
+                           "updates": int(float(stats["valid_num_updates"])), "loss": float(stats["valid_loss"]),
+                           "bleu": float(bleu) if bleu is not None else None})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a line fairseq wrote (a damaged or edited log): it is not a validation
+    return points
+
+
+def run_metrics(run: "Run") -> dict:
+    """The numbers one finished run contributes to the table."""
+    result = run.result()
+    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    if is_language_model(run.dataset):
+        return {"test_ppl": result["perplexity"], "test_loss": result["loss_base2"],
+                "best_valid_ppl": min((2 ** point["loss"] for point in curve), default=None)}
+    bleus = [point["bleu"] for point in curve if point["bleu"] is not None]
+    return {
+        "test_bleu": result["sacrebleu"]["score"],
+        "test_chrf": result["chrf"]["score"],
+        "test_tok_bleu": dig(result, ("tokenized_bleu", "score")) if is_number(dig(result, ("tokenized_bleu", "score")))
+        else None,
+        "best_valid_bleu": max(bleus) if bleus else None,
+        "best_valid_loss": min((point["loss"] for point in curve), default=None),
+        "last_valid_loss": curve[-1]["loss"] if curve else None,
+    }
+
+
+def how_training_ended(log_path: Path) -> Optional[str]:
+    """'patience N' (fairseq stopped early), 'budget' (--max-epoch/--max-update reached), None (unknown/running).
+
+    Only the log's last session counts: a resumed run appends to it.
+    """
+    if not Path(log_path).is_file():
+        return None
+    ended = None
+    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        early = _EARLY_STOP.search(line)
+        if early:
+            ended = f"patience {early.group(1)}"
+        elif "| fairseq_cli.train | done training in" in line:
+            ended = ended or "budget"
+        elif "| fairseq_cli.train | {'_name'" in line:  # fairseq's config dump: a (re)start
+            ended = None
+    return ended
+
+
+def run_record(run: "Run") -> dict:
+    """One run as it stands: its status, every validation, where its best was, its test numbers."""
+    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    best = min(curve, key=lambda point: point["loss"]) if curve else None
+    status = "finished" if run.finished else ("failed" if run.failure else ("unfinished" if curve else "not started"))
+    record = {"dataset": run.dataset, "variant": run.variant, "layers": run.layers, "seed": run.seed,
+              "status": status, "epochs": curve[-1]["epoch"] if curve else None,
+              "ended_by": how_training_ended(run.save_dir / train.LOG_NAME),
+              "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
+    if run.finished:
+        result = run.result()
+        record.update({column: value for column, value in run_metrics(run).items() if column.startswith("test_")})
+        record["checkpoint"] = Path(str(result.get("checkpoint", "?"))).name
+        if "sacrebleu" in result:
+            record["beam"] = dig(result, ("generation", "beam"))
+            record["sacrebleu_signature"] = dig(result, ("sacrebleu", "signature"))
+    if run.failure:
+        record["error"] = run.failure
+    record["validations"] = curve
+    return record
+
+
+def runs_markdown(records: List[dict]) -> str:
+    """A row per run: status, epochs, best validation, test numbers (the columns its runs have)."""
+    tests = [(column, label) for column, label in METRICS + LM_METRICS
+             if column.startswith("test_") and any(column in record for record in records)]
+    header = ["dataset", "variant", "layers", "seed", "status", "epochs (ended by)", "best valid loss (epoch)"]
+    lines = ["| " + " | ".join(header + [label for _, label in tests]) + " |", "|" + "---|" * (len(header) + len(tests))]
+    for record in records:
+        epochs = "-" if record["epochs"] is None else f"{record['epochs']} ({record['ended_by'] or '-'})"
+        best = "-" if record["best_valid_loss"] is None else f"{record['best_valid_loss']:.3f} ({record['best_epoch']})"
+        cells = [record["dataset"], record["variant"], str(record["layers"]), str(record["seed"]), record["status"],
+                 epochs, best] + ["-" if record.get(column) is None else f"{record[column]:.2f}" for column, _ in tests]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (None when there are fewer than 2 values)."""
+    values = [value for value in values if value is not None]
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1))
+
+
+def summarize(runs: List["Run"]) -> List[dict]:
+    """One row per (dataset, variant, layers) over the finished seeds; failed seeds are named in ``failed``."""
+    groups = {}
+    for run in runs:
+        if run.finished or run.failure:
+            groups.setdefault((run.dataset, run.variant, run.layers), []).append(run)
+    rows = []
+    for (dataset, variant, layers), members in groups.items():
+        finished = [run for run in members if run.finished]
+        metrics = [run_metrics(run) for run in finished]
+        row = {"dataset": dataset, "variant": variant, "layers": layers,
+               "seeds": " ".join(str(run.seed) for run in finished),
+               "failed": "; ".join(f"seed {run.seed}: {run.failure}" for run in members if not run.finished)}
+        for column, _ in metrics_for(dataset):
+            row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
+        rows.append(row)
+    return rows
+
+
+# The test metrics compared across variants for seed noise, and which way is better.
+NOISE_METRICS = {"test_bleu": ("test sacreBLEU", max), "test_chrf": ("test chrF", max),
+                 "test_ppl": ("test perplexity", min)}
+NOISE_ALPHA = 0.05
+
+
+def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA) -> List[dict]:
+    """Per dataset, depth and test metric: each variant against the best one, by Welch's
+    t-test over their seeds (two-sided; variants with fewer than 2 finished seeds are left out).
+
+    A difference is "beyond seed noise" when p < ``alpha``. No correction for the several
+    comparisons is made: with 3 seeds a test this small is a guide, not proof.
+    """
+    values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
+    for run in runs:
+        if run.finished:
+            metrics = run_metrics(run)
+            for metric in NOISE_METRICS:
+                if metrics.get(metric) is not None:
+                    values.setdefault((run.dataset, run.layers, metric), {}).setdefault(run.variant, []).append(
+                        metrics[metric])
+    rows = []
+    for (dataset, layers, metric), by_variant in values.items():
+        label, better = NOISE_METRICS[metric]
+        seeded = {variant: seeds for variant, seeds in by_variant.items() if len(seeds) >= 2}
+        if len(seeded) < 2:
+            continue
+        from scipy.stats import ttest_ind
+
+        best = better(seeded, key=lambda variant: mean_std(seeded[variant])[0])
+        for variant, seeds in seeded.items():
+            if variant == best:
+                continue
+            with warnings.catch_warnings():  # (nearly) identical seeds: scipy warns, and p is nan or 1
+                warnings.simplefilter("ignore", RuntimeWarning)
+                p_value = float(ttest_ind(seeded[best], seeds, equal_var=False).pvalue)
+            verdict = ("no spread to test" if math.isnan(p_value)
+                       else "beyond seed noise" if p_value < alpha else "within seed noise")
+            rows.append({"dataset": dataset, "layers": layers, "metric": label, "best": best, "variant": variant,
+                         "difference": mean_std(seeds)[0] - mean_std(seeded[best])[0], "p": p_value,
+                         "verdict": verdict})
+    return rows
+
+
+def seed_noise_markdown(rows: List[dict]) -> str:
+    if not rows:
+        return ""
+    lines = [f"\nEach variant against the best, Welch's t-test over the seeds (two-sided, p < {NOISE_ALPHA}; "
+             "no correction for the several comparisons; a variant with one finished seed is left out):\n",
+             "| dataset | layers | metric | best | variant | difference | p | verdict |", "|" + "---|" * 8]
+    for row in rows:
+        p_value = "-" if math.isnan(row["p"]) else f"{row['p']:.3f}"
+        lines.append(f"| {row['dataset']} | {row['layers']} | {row['metric']} | {row['best']} | {row['variant']} | "
+                     f"{row['difference']:+.2f} | {p_value} | {row['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(mean, std):
+    if mean is None:
+        return "-"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+def markdown_table(rows: List[dict], metrics=METRICS) -> str:
+    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics] + ["failed"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"] or "-"]
+        cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
+        cells.append(row.get("failed", "").replace("|", "/") or "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: List[dict], metrics=METRICS) -> str:
+    buffer = io.StringIO()
+    fields = (["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
+              + ["failed"])
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: ("" if row[key] is None else row[key]) for key in fields})
+    return buffer.getvalue()
+
+
+def plot_curves(runs: List["Run"], path: Path) -> Path:
+    """Validation loss and BLEU against updates: a row per dataset, a colour per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(run.dataset for run in runs))
+    figure, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.6 * len(datasets)), squeeze=False)
+    colours = COLOURS  # the same colour per variant in every tool's plots
+    styles = {}
+    for run in runs:
+        curve = validation_curve(run.save_dir / train.LOG_NAME)
+        if not curve:
+            continue
+        row = axes[datasets.index(run.dataset)]
+        style = styles.setdefault(run.layers, ("-", "--", ":", "-.")[len(styles) % 4])
+        label = f"{run.variant} {run.layers}L seed {run.seed}"
+        updates = [point["updates"] for point in curve]
+        row[0].plot(updates, [point["loss"] for point in curve], style, color=colours[run.variant],
+                    marker="o", markersize=3, label=label)
+        bleu_points = [(point["updates"], point["bleu"]) for point in curve if point["bleu"] is not None]
+        if bleu_points:
+            row[1].plot(*zip(*bleu_points), style, color=colours[run.variant], marker="o", markersize=3,
+                        label=label)
+    for dataset, row in zip(datasets, axes):
+        for axis, what in zip(row, ("valid loss", "valid BLEU")):
+            axis.set_title(f"{dataset}: {what}")
+            axis.set_xlabel("updates")
+            axis.grid(alpha=0.3)
+            if axis.get_lines():
+                axis.legend(fontsize=7)
+            elif what == "valid BLEU":
+                axis.text(0.5, 0.5, "no validation BLEU\n(trained without --eval-bleu)", ha="center", va="center",
+                          transform=axis.transAxes, color="grey")
+    figure.tight_layout()
+    path = Path(path)
+    with atomic_output(path) as tmp:
+        figure.savefig(tmp, dpi=110, format="png")
+    plt.close(figure)
+    return path
+
+
+def write_reports(runs: List["Run"], out: Path) -> dict:
+    """results.md/.csv (mean ± std per variant; the markdown adds which differences are beyond
+    seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths."""
+    rows = summarize(runs)
+    noise = seed_noise(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
+    lm_rows = [row for row in rows if is_language_model(row["dataset"])]
+    if lm_rows:  # language models get their own table (perplexities, not BLEU)
+        rows = [row for row in rows if not is_language_model(row["dataset"])]
+        paths["lm_markdown"], paths["lm_csv"] = out / "results-lm.md", out / "results-lm.csv"
+        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS) + seed_noise_markdown(
+            [row for row in noise if is_language_model(row["dataset"])]))
+        write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
+    translation_noise = seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
+    for key, text in (("markdown", markdown_table(rows) + translation_noise), ("csv", csv_table(rows))):
+        write_text_atomically(paths[key], text)
+    records = [run_record(run) for run in runs]
+    paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"
+    write_text_atomically(paths["runs_markdown"], runs_markdown(records))
+    write_text_atomically(paths["runs_json"], json.dumps(records, indent=1) + "\n")
+    plot_curves(runs, paths["png"])
+    return paths
