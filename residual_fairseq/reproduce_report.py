@@ -53,6 +53,8 @@ def metrics_for(dataset: str):
 
 
 def dig(value, keys):
+    """``value[k1][k2]...`` for ``keys``; None where a level is missing or is not a dict
+    (reading JSON someone else may have written)."""
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
     return value
@@ -63,7 +65,7 @@ def is_number(value) -> bool:
 
 
 def validation_curve(log_path: Path) -> List[dict]:
-    """(updates, loss, bleu) of every validation in a fairseq ``--log-format json`` log file."""
+    """(epoch, updates, loss, bleu) of every validation in a fairseq ``--log-format json`` log file."""
     points = []
     if not Path(log_path).is_file():
         return points
