@@ -79,10 +79,14 @@ def test_run_records_show_every_run_as_it_stands(tmp_path):
 
 
 def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path):  # noqa: F811
+    """Two real runs with --jobs 2 (the sequential path runs end to end in test_lm_cli.py):
+    both start before either ends, each driver's output goes to its run's reproduce.log,
+    the tables hold both, and a rerun skips them."""
     out = tmp_path / "results"
     command = ["python3", REPO / "scripts" / "reproduce.py", "--dataset", "sample-es-en",
                "--data", sample_prepared / "bin", "--variants", "post_ln", "resi_dual", "--layers", "3",
-               "--out", out, "--beam", "1", "--generate-args", "--max-len-a 0 --max-len-b 6 --max-tokens 2048"]
+               "--out", out, "--beam", "1", "--generate-args", "--max-len-a 0 --max-len-b 6 --max-tokens 2048",
+               "--jobs", "2"]
     dry = run(command + ["--dry-run", "--", *FAIRSEQ_FLAGS], env=CLI_ENV)
     command += ["--", *FAIRSEQ_FLAGS]
     assert dry.stdout.count("would run:") == 2 and dry.stdout.count("would evaluate:") == 2
@@ -90,6 +94,12 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
 
     first = run(command, env=CLI_ENV)
     assert "2 runs (0 finished)" in first.stdout
+    events = [line.split(" (log")[0].split(" in ")[0] for line in _lines_with(first.stdout, "started ", "finished ")]
+    assert events[:2] == ["started sample-es-en post_ln 3L seed 1", "started sample-es-en resi_dual 3L seed 1"]
+    assert sorted(events[2:]) == ["finished sample-es-en post_ln 3L seed 1", "finished sample-es-en resi_dual 3L seed 1"]
+    finished = out / "runs" / "sample-es-en" / "resi_dual-3l" / "seed1"
+    assert json.loads((finished / "run.json").read_text())["threads"] == reproduce.threads_per_job(2)
+    assert "=== sample-es-en resi_dual 3L seed 1" in (finished / "reproduce.log").read_text()
     table = (out / "results.md").read_text()
     assert "| sample-es-en | post_ln | 3 | 1 |" in table and "| sample-es-en | resi_dual | 3 | 1 |" in table
     rows = list(csv.DictReader(open(out / "results.csv")))
@@ -186,39 +196,41 @@ def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):
     assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce.py"), imported.stderr[-2000:]
 
 
+def _finished(run_, bleu, chrf):
+    run_.save_dir.mkdir(parents=True, exist_ok=True)
+    run_.result_path.write_text(json.dumps({"sacrebleu": {"score": bleu}, "chrf": {"score": chrf}}))
+
+
 def _lines_with(text, *starts):
     return [line for line in text.splitlines() if line.startswith(starts)]
 
 
-def test_jobs_run_at_once_and_one_that_cannot_start_is_reported(sample_prepared, tmp_path):  # noqa: F811
-    """--jobs 2: both runs start before either ends, each driver's output goes to its run's
-    reproduce.log, and a run whose directory another training holds fails alone."""
+def test_a_jobs_run_that_cannot_start_fails_alone(sample_prepared, tmp_path):  # noqa: F811
+    """--jobs 2: a run whose directory another training holds fails with that reason in its
+    failed.json and the table, the finished run beside it is skipped and tabulated, exit 2."""
     out = tmp_path / "results"
-    locked = out / "runs" / "sample-es-en" / "post_ln-3l" / "seed1"
-    locked.mkdir(parents=True)
-    holder = os.open(locked / ".residual-fairseq-train.lock", os.O_RDWR | os.O_CREAT)
+    locked, done = reproduce.matrix({"sample-es-en": sample_prepared / "bin"}, out, ["post_ln", "resi_dual"],
+                                    layers=[3])
+    locked.save_dir.mkdir(parents=True)
+    _finished(done, 12.5, 40.0)
+    holder = os.open(locked.save_dir / ".residual-fairseq-train.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
         result = run(["python3", REPO / "scripts" / "reproduce.py", "--dataset", "sample-es-en",
                       "--data", sample_prepared / "bin", "--variants", "post_ln", "resi_dual", "--layers", "3",
-                      "--out", out, "--beam", "1", "--generate-args", "--max-len-a 0 --max-len-b 6 --max-tokens 2048",
-                      "--jobs", "2", "--", *FAIRSEQ_FLAGS], check=False)
+                      "--out", out, "--jobs", "2"], check=False)
     finally:
         os.close(holder)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "error: 1 of 2 runs failed" in result.stderr
-    events = _lines_with(result.stdout, "started ", "finished ", "error: ")
-    assert [line.split(" (log")[0] for line in events[:2]] == [
-        "started sample-es-en post_ln 3L seed 1", "started sample-es-en resi_dual 3L seed 1"]
-    assert sorted(line.split(" in ")[0].split(" failed")[0] for line in events[2:]) == [
-        "error: sample-es-en post_ln 3L seed 1", "finished sample-es-en resi_dual 3L seed 1"]
-    assert "is in use by another training run" in (locked / "failed.json").read_text()
-    assert not (locked / "checkpoint_last.pt").exists()
-    finished = out / "runs" / "sample-es-en" / "resi_dual-3l" / "seed1"
-    assert json.loads((finished / "run.json").read_text())["threads"] == reproduce.threads_per_job(2)
-    assert "=== sample-es-en resi_dual 3L seed 1" in (finished / "reproduce.log").read_text()
+    events = [line.split(" (")[0].split(" failed")[0]
+              for line in _lines_with(result.stdout, "skip ", "started ", "finished ", "error: ")]
+    assert events == ["skip sample-es-en resi_dual 3L seed 1: finished", "started sample-es-en post_ln 3L seed 1",
+                      "error: sample-es-en post_ln 3L seed 1"]
+    assert "is in use by another training run" in locked.failure_path.read_text()
+    assert not (locked.save_dir / "checkpoint_last.pt").exists()
     table = (out / "results.md").read_text()
-    assert "| sample-es-en | resi_dual | 3 | 1 |" in table and "seed 1: " in table
+    assert "| sample-es-en | resi_dual | 3 | 1 | 12.50 | 40.00 |" in table and "seed 1: " in table
 
 
 def test_jobs_stop_together_on_sigterm(sample_prepared, tmp_path):  # noqa: F811
@@ -306,11 +318,6 @@ def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):
         (tmp_path / "manifest.json").write_text(damaged)
         with pytest.raises(UserError, match=message):
             reproduce.evaluation_options(run_)
-
-
-def _finished(run_, bleu, chrf):
-    run_.save_dir.mkdir(parents=True, exist_ok=True)
-    run_.result_path.write_text(json.dumps({"sacrebleu": {"score": bleu}, "chrf": {"score": chrf}}))
 
 
 def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
