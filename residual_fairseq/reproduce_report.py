@@ -92,11 +92,11 @@ def run_metrics(run: "Run") -> dict:
         return {"test_ppl": result["perplexity"], "test_loss": result["loss_base2"],
                 "best_valid_ppl": min((2 ** point["loss"] for point in curve), default=None)}
     bleus = [point["bleu"] for point in curve if point["bleu"] is not None]
+    tokenized_bleu = dig(result, ("tokenized_bleu", "score"))  # optional: older results lack it
     return {
         "test_bleu": result["sacrebleu"]["score"],
         "test_chrf": result["chrf"]["score"],
-        "test_tok_bleu": dig(result, ("tokenized_bleu", "score")) if is_number(dig(result, ("tokenized_bleu", "score")))
-        else None,
+        "test_tok_bleu": tokenized_bleu if is_number(tokenized_bleu) else None,
         "best_valid_bleu": max(bleus) if bleus else None,
         "best_valid_loss": min((point["loss"] for point in curve), default=None),
         "last_valid_loss": curve[-1]["loss"] if curve else None,
