@@ -5,6 +5,7 @@ seeds 1-10 at initialisation (docs/diagnostics.md has the numbers, and the ones
 that do not hold robustly, which are therefore not asserted).
 """
 import json
+import math
 
 import pytest
 import torch
@@ -153,6 +154,51 @@ def test_gradient_norms_equal_direct_autograd(toy, variant):
         assert measured.stacks["encoder"].dual_norm is None
 
 
+# --- what the source is worth: the loss with other sentences' sources -------------------
+
+
+def direct_loss_with_rolled_sources(model, criterion, batches):
+    """Each target with the previous row's source, by hand; loss per target token in bits."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for sample in batches:
+            net_input = dict(sample["net_input"])
+            net_input["src_tokens"] = torch.cat([net_input["src_tokens"][-1:], net_input["src_tokens"][:-1]])
+            net_input["src_lengths"] = torch.cat([net_input["src_lengths"][-1:], net_input["src_lengths"][:-1]])
+            total += criterion(model, {**sample, "net_input": net_input})[0].item()
+    return total / sum(sample["ntokens"] for sample in batches) / math.log(2)
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_loss_with_other_sources_is_blind_exactly_when_the_model_ignores_its_source(toy, variant):
+    task, batches, criterion = toy
+    model = fresh_model(variant, task, seed=3, **TINY)
+    measured = measure(model, criterion, batches)
+    assert measured.loss_other_source == pytest.approx(
+        direct_loss_with_rolled_sources(model, criterion, batches), rel=1e-6)
+    assert abs(measured.loss_other_source - measured.loss) > 1e-4   # a fresh model already reads its source
+    # Cut every decoder layer off the encoder (cross-attention outputs zero): the source is
+    # worth nothing, and the measurement says so. The loss itself is measured unchanged.
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.encoder_attn.out_proj.weight.zero_()
+            layer.encoder_attn.out_proj.bias.zero_()
+    cut = measure(model, criterion, batches)
+    assert cut.loss_other_source == pytest.approx(cut.loss, abs=1e-6)
+    assert cut.loss == pytest.approx(direct_loss_with_rolled_sources(model, criterion, batches), abs=1e-6)
+
+
+def test_loss_with_other_sources_needs_another_sentence(toy):
+    task, batches, criterion = toy
+    model = fresh_model("post_ln", task, seed=3, **TINY)
+    valid = task.dataset("valid")
+    one_sentence = [valid.collater([valid[0]])]
+    assert one_sentence[0]["nsentences"] == 1
+    assert measure(model, criterion, one_sentence).loss_other_source is None
+    assert measure(model, criterion, batches + one_sentence).loss_other_source is None
+
+
 # --- the paper's claims at depth 24, fairseq's own initialisation ----------------------
 
 
@@ -197,12 +243,22 @@ def test_cli_writes_every_number_and_figure(toy_data_bin, tmp_path):
     # one row per run, measurement and layer: 6 runs x 3 measurements x (2 + 3) layers
     assert gradients[0] == "run,step,stack,layer,param_grad_norm,input_grad_norm"
     assert len(gradients) == 1 + len(ALL_VARIANTS) * 3 * 5
+    losses = (out / "loss.csv").read_text().splitlines()
+    assert losses[0] == "run,step,loss,loss_other_source,source_gain"
+    assert len(losses) == 1 + len(ALL_VARIANTS) * 3
+    for line, run in zip(losses[1::3], report["runs"]):   # each run's first measurement
+        label, step, loss, other, gain = line.split(",")
+        first = run["measurements"][0]
+        assert (label, step) == (run["label"], "0")
+        assert (float(loss), float(other)) == (first["loss"], first["loss_other_source"])
+        assert float(gain) == pytest.approx(float(other) - float(loss))
     dual = (out / "dual_stream.csv").read_text().splitlines()
     assert {line.split(",")[0] for line in dual[1:]} == {"resi_dual"}
     for png in ("gradient_norms_update0.png", "gradient_norms_update3.png", "similarity_update0.png",
                 "similarity_update3.png", "dual_stream.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    first = {name: (out / name).read_text() for name in ("analysis.json", "gradients.csv", "similarity.csv")}
+    first = {name: (out / name).read_text() for name in ("analysis.json", "gradients.csv", "similarity.csv",
+                                                         "loss.csv")}
     (tmp_path / "first.json").write_text(first["analysis.json"])
     # A re-run replaces the old output instead of mixing with it.
     main(args[:-6] + ["--variants", "pre_ln"])
@@ -212,7 +268,7 @@ def test_cli_writes_every_number_and_figure(toy_data_bin, tmp_path):
     assert not list(tmp_path.glob(".analysis.*"))
     # --merge redraws saved runs: the same tables come back from the JSON.
     main(["--merge", str(tmp_path / "first.json"), "--out", str(tmp_path / "merged")])
-    for name in ("gradients.csv", "similarity.csv"):
+    for name in ("gradients.csv", "similarity.csv", "loss.csv"):
         assert (tmp_path / "merged" / name).read_text() == first[name]
     assert (tmp_path / "merged" / "training.png").exists()
 
@@ -278,6 +334,9 @@ def _first_measurement(report):
     (lambda r: r["runs"][0].__setitem__("measurements", []), "runs[0].measurements is not a list of measurements"),
     (lambda r: _first_measurement(r).__setitem__("step", None), "runs[0].measurements[0] has no update number"),
     (lambda r: _first_measurement(r).__setitem__("loss", "low"), "runs[0].measurements[0] has no update number"),
+    (lambda r: _first_measurement(r).__setitem__("loss_other_source", "7"),
+     "runs[0].measurements[0].loss_other_source is not a number"),
+    (lambda r: _first_measurement(r).__setitem__("evil", 1), "runs[0].measurements[0] is not an object"),
     (lambda r: _first_measurement(r)["encoder"].__setitem__("cos_next", "zz"),
      "runs[0].measurements[0].encoder.cos_next is not a list of numbers"),
     (lambda r: _first_measurement(r)["encoder"].__setitem__("evil", 1), "runs[0].measurements[0].encoder is not an object"),

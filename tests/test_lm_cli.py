@@ -221,6 +221,7 @@ def test_analysis_measures_language_models(toy_lm):
         model = models.fresh_model(variant, task, decoder_layers=3, embed_dim=16, ffn_dim=32, heads=2)
         result = probe.measure(model, criterion, batches)
         assert list(result.stacks) == ["decoder"]
+        assert result.loss_other_source is None   # a language model has no source
         stack = result.stacks["decoder"]
         assert len(stack.param_grad_norm) == 3 and all(g > 0 for g in stack.param_grad_norm)
         assert (stack.dual_norm is not None) == (variant == "resi_dual")

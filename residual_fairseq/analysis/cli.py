@@ -195,10 +195,22 @@ def main(argv=None):
         for label, build in models.items():
             print(f"analysing {label} ...", flush=True)
             train_batches = training_batches(task, "train", args.max_tokens, args.seed) if args.train_steps else None
-            yield train_and_measure(label, build(), criterion, probe_batches, train_batches, settings)
+            run = train_and_measure(label, build(), criterion, probe_batches, train_batches, settings)
+            print(describe_loss(run), flush=True)
+            yield run
 
     record = {k: v for k, v in vars(args).items() if k not in ("out", "merge")}
     write_report(measure_all, record, Path(args.out))
+
+
+def describe_loss(run) -> str:
+    """One line: the last measured loss, and what the source is worth to it."""
+    last = run.measurements[-1]
+    line = f"{run.label}: loss {last.loss:.3f} bits/token" + (f" after {run.steps[-1]} updates" if run.steps[-1] else "")
+    if last.loss_other_source is not None:
+        line += (f"; {last.loss_other_source:.3f} with other sentences' sources "
+                 f"(the source is worth {last.loss_other_source - last.loss:.3f})")
+    return line
 
 
 MAX_REPORT_BYTES = 256 << 20   # an analysis.json of many deep runs is a few MiB
@@ -236,7 +248,7 @@ def write_report(produce_runs, settings, out: Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"wrote {out}/analysis.json, gradients.csv, similarity.csv, dual_stream.csv, training.csv, "
+    print(f"wrote {out}/analysis.json, gradients.csv, similarity.csv, dual_stream.csv, loss.csv, training.csv, "
           + ", ".join(figures))
 
 

@@ -5,6 +5,7 @@ Nothing here re-implements a forward pass: :class:`StackProbe` attaches forward
 hooks to their inputs, and :func:`measure` runs the model's own forward and the
 criterion's own loss on real batches.
 """
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -125,6 +126,9 @@ def _param_grad_norm(module: nn.Module) -> float:
 class Measurement:
     loss: float                               # criterion loss per target token, base 2 (as fairseq logs it)
     stacks: Dict[str, StackMeasurement] = field(default_factory=dict)
+    # The same loss with every target paired with another sentence's source: equal to
+    # ``loss`` when the model ignores its source. None for a language model (no source).
+    loss_other_source: Optional[float] = None
 
 
 def model_stacks(model) -> List[str]:
@@ -141,6 +145,28 @@ def stack_masks(model, sample) -> Dict[str, Tensor]:
         "encoder": net_input["src_tokens"].ne(model.encoder.padding_idx),
         "decoder": net_input["prev_output_tokens"].ne(model.decoder.padding_idx),
     }
+
+
+def with_other_sources(sample):
+    """``sample`` with each sentence's source replaced by the next one's in the batch.
+
+    Batches are grouped by length, so a target keeps a source of about its own length:
+    what it loses is what the source says. (Needs 2 or more sentences in the batch.)
+    """
+    net_input = dict(sample["net_input"])
+    for key in ("src_tokens", "src_lengths"):
+        net_input[key] = net_input[key].roll(1, dims=0)
+    return {**sample, "net_input": net_input}
+
+
+def loss_with_other_sources(model, criterion, batches) -> Optional[float]:
+    """Loss per target token (base 2) with :func:`with_other_sources`; None for a language
+    model, or when some batch has a single sentence (there is no other source to give it)."""
+    if getattr(model, "encoder", None) is None or any(sample["nsentences"] < 2 for sample in batches):
+        return None
+    with torch.no_grad():
+        total = sum(criterion(model, with_other_sources(sample))[0].item() for sample in batches)
+    return total / sum(sample["ntokens"] for sample in batches) / math.log(2)
 
 
 def measure(model, criterion, batches) -> Measurement:
@@ -169,6 +195,9 @@ def measure(model, criterion, batches) -> Measurement:
             total_loss += loss.item()
         result = Measurement(loss=total_loss / total_tokens / torch.log(torch.tensor(2.0)).item())
         result.stacks = {name: probe.result() for name, probe in probes.items()}
+        for probe in probes.values():  # the extra forward passes below are not measured
+            probe.remove()
+        result.loss_other_source = loss_with_other_sources(model, criterion, batches)
     finally:
         for probe in probes.values():
             probe.remove()

@@ -28,6 +28,10 @@ TABLES = {
 }
 
 
+# A measurement's fields besides its stacks (see runs_to_dict).
+MEASUREMENT_FIELDS = {"step", "loss", "loss_other_source"}
+
+
 def _stacks(runs: List[Run]) -> List[str]:
     """The stacks measured (language models have only the decoder)."""
     return [name for name in STACKS if name in runs[0].measurements[0].stacks]
@@ -42,7 +46,8 @@ def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
                 "diverged_at": run.diverged_at,
                 "train_loss": run.train_loss,
                 "measurements": [
-                    {"step": step, "loss": m.loss, **{name: asdict(s) for name, s in m.stacks.items()}}
+                    {"step": step, "loss": m.loss, "loss_other_source": m.loss_other_source,
+                     **{name: asdict(s) for name, s in m.stacks.items()}}
                     for step, m in zip(run.steps, run.measurements)
                 ],
             }
@@ -84,10 +89,13 @@ def check_report(report) -> None:
             raise ValueError(f"{where}.measurements is not a list of measurements")
         for j, measurement in enumerate(run["measurements"]):
             at = f"{where}.measurements[{j}]"
-            if not isinstance(measurement, dict) or not set(measurement) - {"step", "loss"} <= set(STACKS):
+            if not isinstance(measurement, dict) or not set(measurement) - MEASUREMENT_FIELDS <= set(STACKS):
                 raise ValueError(f"{at} is not an object with step, loss and {' or '.join(STACKS)}")
             if not _is_count(measurement.get("step")) or not _is_number(measurement.get("loss")):
                 raise ValueError(f"{at} has no update number (step) or no loss")
+            # (absent from reports written before it was measured)
+            if measurement.get("loss_other_source") is not None and not _is_number(measurement["loss_other_source"]):
+                raise ValueError(f"{at}.loss_other_source is not a number")
             measured = tuple(name for name in STACKS if name in measurement)
             if not measured or measured != (stacks or measured):
                 raise ValueError(f"{at} measures {', '.join(measured) or 'no stack'}, the runs before it "
@@ -112,7 +120,8 @@ def runs_from_dict(report: Dict) -> List[Run]:
         for m in r["measurements"]:
             run.steps.append(m["step"])
             run.measurements.append(Measurement(
-                loss=m["loss"], stacks={name: StackMeasurement(**m[name]) for name in STACKS if name in m}))
+                loss=m["loss"], stacks={name: StackMeasurement(**m[name]) for name in STACKS if name in m},
+                loss_other_source=m.get("loss_other_source")))
         runs.append(run)
     return runs
 
@@ -133,6 +142,14 @@ def write_tables(runs: List[Run], settings: Dict, out_dir: Path) -> None:
                         for layer in range(len(stack.param_grad_norm)):
                             row = [v[layer] if v is not None and layer < len(v) else "" for v in values]
                             writer.writerow([run.label, step, name, layer + 1, *row])
+    with open(out_dir / "loss.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "step", "loss", "loss_other_source", "source_gain"])
+        for run in runs:
+            for step, m in zip(run.steps, run.measurements):
+                other = m.loss_other_source
+                writer.writerow([run.label, step, m.loss, "" if other is None else other,
+                                 "" if other is None else other - m.loss])
     with open(out_dir / "training.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "update", "train_loss"])
