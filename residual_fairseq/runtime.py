@@ -4,7 +4,7 @@ Threads. torch's default (one thread per core) is a poor fit for the small model
 shared machines this project is tried on: on a shared 2-core machine one thread
 trained 5-9x faster than two (docs/training.md), and on the idle machine two threads
 were only ~1.1x faster than one. So every driver (train, evaluate, translate, the
-quickstart) uses, in order of precedence: its ``--threads N``; the environment
+quickstart, analyze) uses, in order of precedence: its ``--threads N``; the environment
 variable ``RESIDUAL_FAIRSEQ_THREADS``; ``OMP_NUM_THREADS`` when set; otherwise half
 the cores this process may use (at least 1, at most 8). The choice is printed.
 

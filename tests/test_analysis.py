@@ -273,11 +273,21 @@ def test_cli_writes_every_number_and_figure(toy_data_bin, tmp_path):
     assert (tmp_path / "merged" / "training.png").exists()
 
 
-def test_cli_analyses_a_trained_checkpoint(trained_tiny, tmp_path):
+def test_cli_analyses_a_trained_checkpoint(trained_tiny, tmp_path, capsys, monkeypatch):
     data_bin, save_dir, _ = trained_tiny
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # --threads sets them: restored after
+        monkeypatch.delenv(variable, raising=False)
     out = tmp_path / "ckpt"
-    main([str(data_bin), "--out", str(out), "--checkpoint", f"resi_dual={save_dir}/checkpoint_last.pt",
-          "--max-tokens", "300", "--batches", "1"])
+    threads_before = torch.get_num_threads()
+    try:
+        main([str(data_bin), "--out", str(out), "--checkpoint", f"resi_dual={save_dir}/checkpoint_last.pt",
+              "--max-tokens", "300", "--batches", "1", "--threads", "1"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads_before)
+    printed = capsys.readouterr().out
+    assert "note: 1 CPU thread (--threads;" in printed
+    assert "resi_dual: loss " in printed and "with other sentences' sources (the source is worth " in printed
     run, = json.loads((out / "analysis.json").read_text())["runs"]
     assert run["label"] == "resi_dual"
     encoder = run["measurements"][0]["encoder"]

@@ -11,7 +11,7 @@ from ..argtypes import check_output_dir, finite_float, nonnegative_float, positi
 from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
-from ..runtime import add_verbose_flag
+from ..runtime import add_threads_flag, add_verbose_flag, use_threads
 from ..variants import LM_VARIANTS, VARIANTS
 from .data import is_language_modeling, load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
@@ -67,6 +67,7 @@ def build_parser():
     g.add_argument("--lr", type=positive_float, default=5e-4)
     g.add_argument("--warmup-updates", type=int, default=4000)
     g.add_argument("--clip-norm", type=nonnegative_float, default=0.0)
+    add_threads_flag(p)
     add_verbose_flag(p)
     return p
 
@@ -160,6 +161,9 @@ def main(argv=None):
     checkpoints = parse_checkpoints(args.checkpoint)
     if args.variants is not None and not args.variants and not checkpoints:
         raise UserError("nothing to analyse: give --variants and/or --checkpoint")
+    # Measuring beside a training run on a small machine, torch's thread-per-core default
+    # oversubscribes the cores (measured here: ~10x slower than one thread).
+    use_threads(args.threads)
     task = load_task(args.data, args.source_lang, args.target_lang, args.tokens_per_sample)
     all_variants = LM_VARIANTS if is_language_modeling(task) else VARIANTS
     variants = args.variants if args.variants is not None else ([] if checkpoints else list(all_variants))
