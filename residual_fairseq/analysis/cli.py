@@ -213,7 +213,7 @@ def describe_loss(run) -> str:
     line = f"{run.label}: loss {last.loss:.3f} bits/token" + (f" after {run.steps[-1]} updates" if run.steps[-1] else "")
     if last.loss_other_source is not None:
         line += (f"; {last.loss_other_source:.3f} with other sentences' sources "
-                 f"(the source is worth {last.loss_other_source - last.loss:.3f})")
+                 f"(the source is worth {last.source_gain:.3f})")
     return line
 
 

@@ -130,6 +130,11 @@ class Measurement:
     # ``loss`` when the model ignores its source. None for a language model (no source).
     loss_other_source: Optional[float] = None
 
+    @property
+    def source_gain(self) -> Optional[float]:
+        """Bits per target token the source is worth: 0 when the model ignores it."""
+        return None if self.loss_other_source is None else self.loss_other_source - self.loss
+
 
 def model_stacks(model) -> List[str]:
     """The stacks a model has: encoder and decoder, or (a language model) the decoder."""

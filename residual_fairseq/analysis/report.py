@@ -147,9 +147,8 @@ def write_tables(runs: List[Run], settings: Dict, out_dir: Path) -> None:
         writer.writerow(["run", "step", "loss", "loss_other_source", "source_gain"])
         for run in runs:
             for step, m in zip(run.steps, run.measurements):
-                other = m.loss_other_source
-                writer.writerow([run.label, step, m.loss, "" if other is None else other,
-                                 "" if other is None else other - m.loss])
+                writer.writerow([run.label, step, m.loss, *("" if value is None else value
+                                                            for value in (m.loss_other_source, m.source_gain))])
     with open(out_dir / "training.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "update", "train_loss"])
