@@ -199,6 +199,20 @@ def test_loss_with_other_sources_needs_another_sentence(toy):
     assert measure(model, criterion, batches + one_sentence).loss_other_source is None
 
 
+
+def test_the_printed_source_worth_has_no_negative_zero():
+    from types import SimpleNamespace
+    from residual_fairseq.analysis.cli import describe_loss
+    from residual_fairseq.analysis.probe import Measurement
+
+    def line(loss, other):
+        return describe_loss(SimpleNamespace(label="m", steps=[0], measurements=[Measurement(loss, {}, other)]))
+
+    assert line(5.8714, 5.8710).endswith("(the source is worth 0.000 bits)")  # -0.0004: noise, not a loss
+    assert line(5.871, 5.870).endswith("(the source is worth -0.001 bits)")
+    assert line(4.5, 7.75).endswith("(the source is worth 3.250 bits)")
+    assert "other sentences" not in line(4.5, None)   # a language model: nothing to compare
+
 # --- the paper's claims at depth 24, fairseq's own initialisation ----------------------
 
 

@@ -212,8 +212,9 @@ def describe_loss(run) -> str:
     last = run.measurements[-1]
     line = f"{run.label}: loss {last.loss:.3f} bits/token" + (f" after {run.steps[-1]} updates" if run.steps[-1] else "")
     if last.loss_other_source is not None:
+        # round, then add 0.0: a gain of -0.0004 bits reads 0.000, not -0.000
         line += (f"; {last.loss_other_source:.3f} with other sentences' sources "
-                 f"(the source is worth {last.source_gain:.3f})")
+                 f"(the source is worth {round(last.source_gain, 3) + 0.0:.3f} bits)")
     return line
 
 
