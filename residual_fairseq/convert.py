@@ -16,9 +16,9 @@ and is written atomically, never over an existing file.
     residual-fairseq-convert authors_checkpoint.pt resi_dual_checkpoint.pt
 """
 import argparse
+import math
 from argparse import Namespace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from omegaconf import OmegaConf
@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from .average_checkpoints import load_checkpoint_file, save_checkpoint_atomically
 from .errors import UserError, cli_main
 from .models.resi_dual import FAIRSEQ_PRESET_OF, OFFICIAL_OPTION_NAMES
+from .safe_checkpoints import config_shapes
 
 RESI_DUAL_OF_PRESET = {preset: arch for arch, preset in FAIRSEQ_PRESET_OF.items()}
 
@@ -83,6 +84,8 @@ def convert_state(state: dict, arch=None) -> dict:
             current = _get(options, ours)
             if current is not None and current != value:
                 raise UserError(f"the checkpoint sets both {official}={value} and {ours}={current}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(f"the checkpoint's {official} is {str(value)[:40]!r}, not a finite number")
             _set(options, ours, float(value))
         _drop(options, official)
     for side in ("encoder", "decoder"):
@@ -98,38 +101,15 @@ def convert_state(state: dict, arch=None) -> dict:
     return state
 
 
-class _SizedDictionary:
-    """Stands in for a fairseq Dictionary where only its size and padding index matter."""
-
-    def __init__(self, size, pad=1):
-        self.size, self.pad_index = size, pad
-
-    def __len__(self):
-        return self.size
-
-    def pad(self):
-        return self.pad_index
-
-
-def check_loads(state: dict) -> None:
-    """Build the converted model (shapes only) and load its weights strictly."""
-    from fairseq import models
-
+def check_loads(state: dict, source="the checkpoint") -> None:
+    """Build the converted model (shapes only) and check that its weights fit it exactly."""
     options = _options(state)
     weights = state["model"]
-    try:
-        src = weights["encoder.embed_tokens.weight"].shape[0]
-        tgt = weights["decoder.embed_tokens.weight"].shape[0]
-    except (KeyError, AttributeError, IndexError):
+    if not all(f"{side}.embed_tokens.weight" in weights for side in ("encoder", "decoder")):
         raise UserError("the checkpoint has no encoder/decoder embeddings: not a fairseq translation model")
-    src_dict = _SizedDictionary(src)
-    # One object for both sides when they match: --share-all-embeddings asks for a joined dictionary.
-    tgt_dict = src_dict if tgt == src else _SizedDictionary(tgt)
-    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=tgt_dict)
-    cfg = Namespace(**vars(options)) if isinstance(options, Namespace) else OmegaConf.create(options)
+    cfg = options if isinstance(options, Namespace) else OmegaConf.create(options)
     try:
-        with torch.device("meta"):  # shapes only: nothing is allocated
-            expected = {name: tuple(t.shape) for name, t in models.build_model(cfg, task).state_dict().items()}
+        expected, _ = config_shapes(cfg, weights, source)
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001  (fairseq's errors, made one line)
@@ -154,7 +134,7 @@ def convert_checkpoint(source, output, arch=None) -> dict:
     if output.resolve().parent.exists() and not output.resolve().parent.is_dir():
         raise UserError(f"cannot write {output}: its parent is not a directory")
     state = convert_state(load_checkpoint_file(source), arch)
-    check_loads(state)
+    check_loads(state, source)
     save_checkpoint_atomically(state, output)
     return state
 

@@ -20,6 +20,14 @@ check and load. The checks, in order:
    evaluates parse as literals (:mod:`.config_strings`), and the architecture is
    registered.
 
+Then, where fairseq would build the model (:func:`prepare_for_fairseq`), the config
+must fit the weights: its layer counts are at most the stored layers, and the model it
+describes, built on the meta device (nothing allocated), has the stored shapes and at
+most about twice the stored parameters (:func:`check_config_fits_weights`): otherwise
+a 10 MB file could ask for hundreds of GB. Options that only initialise weights from
+a file (``admin_profile``, ``*_embed_path``) are cleared, because the checkpoint's
+weights replace what they would load.
+
 Anything wrong is a :class:`CheckpointError`: one line that names the file.
 
 Importing ``residual_fairseq`` (``--user-dir`` does) installs :func:`load_checkpoint_to_cpu`
@@ -32,7 +40,9 @@ Also here: the repair of a ``checkpoint_last.pt`` truncated by a crash
 """
 import argparse
 import collections
+import copy
 import io
+import logging
 import math
 import os
 import pickle
@@ -41,9 +51,11 @@ import stat
 import warnings
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf, open_dict
 
 from .atomic import atomic_output
 from .config_strings import CodeInConfigError, check_config_strings, close_fairseq_eval_calls
@@ -448,6 +460,7 @@ def prepare_for_fairseq(state, path, arg_overrides=None):
     from omegaconf import OmegaConf
 
     close_fairseq_eval_calls()  # modules imported since the plugin (e.g. another --user-dir)
+    _forget_initialisation_files(state)
     if state.get("args") is not None and arg_overrides is not None:
         for arg_name, arg_val in arg_overrides.items():
             setattr(state["args"], arg_name, arg_val)
@@ -456,10 +469,161 @@ def prepare_for_fairseq(state, path, arg_overrides=None):
         if arg_overrides is not None:
             checkpoint_utils.overwrite_args_by_name(state["cfg"], arg_overrides)
     try:
-        return checkpoint_utils._upgrade_state_dict(state)
+        state = checkpoint_utils._upgrade_state_dict(state)
     except (KeyError, AttributeError, TypeError, ValueError, IndexError) as err:
         raise CheckpointError(f"checkpoint {path} is malformed: fairseq cannot upgrade it "
                               f"({type(err).__name__}: {str(err)[:80]})") from None
+    check_config_fits_weights(state, path)
+    return state
+
+
+# --- the config must fit the weights ----------------------------------------------------------
+
+# Options a model reads only to initialise weights from a file, weights that a loaded
+# checkpoint then replaces: a checkpoint never needs those files (and must not make a
+# loader open a path it names, /dev/zero included).
+INITIALISATION_FILE_OPTIONS = ("admin_profile", "encoder_embed_path", "decoder_embed_path")
+# A model may hold a little more than its stored weights (sinusoidal position tables,
+# buffers), never many times more.
+MAX_BUILT_PER_STORED_ELEMENT = 2
+BUILT_ELEMENTS_SLACK = 1 << 24
+
+
+def _option(config, name):
+    """A model option of a Namespace, dict or omegaconf config; None when absent."""
+    try:
+        if isinstance(config, dict) or OmegaConf.is_config(config):
+            return config.get(name)
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001  (omegaconf's struct errors: the option is absent)
+        return None
+
+
+def _set_option(config, name, value):
+    if OmegaConf.is_config(config):
+        with open_dict(config):
+            config[name] = value
+    elif isinstance(config, dict):
+        config[name] = value
+    else:
+        setattr(config, name, value)
+
+
+def _forget_initialisation_files(state):
+    """Clear the :data:`INITIALISATION_FILE_OPTIONS` of a checkpoint's model config
+    (flat, or nested as ``encoder.embed_path``), before the caller's overrides."""
+    model_configs = [state.get("args"), _option(state.get("cfg"), "model")]
+    for config in model_configs:
+        for name in INITIALISATION_FILE_OPTIONS:
+            if _option(config, name) is not None:
+                _set_option(config, name, None)
+        for stack in ("encoder", "decoder"):
+            nested = _option(config, stack)
+            if isinstance(nested, (dict, argparse.Namespace)) and _option(nested, "embed_path") is not None:
+                _set_option(nested, "embed_path", None)
+
+
+class SizedDictionary:
+    """Stands in for a fairseq Dictionary where only its size and padding index matter."""
+
+    def __init__(self, size, pad=1):
+        self.size, self.pad_index = size, pad
+
+    def __len__(self):
+        return self.size
+
+    def pad(self):
+        return self.pad_index
+
+
+def _stored_layers(weights, stack) -> int:
+    prefix = f"{stack}.layers."
+    return len({name[len(prefix):].split(".", 1)[0] for name in weights if name.startswith(prefix)})
+
+
+def check_layer_counts(model_cfg, weights, path) -> None:
+    """Refuse a config asking for more encoder/decoder layers than the weights hold
+    (building even empty layers costs time and memory per layer)."""
+    for stack in ("encoder", "decoder"):
+        asked = _option(model_cfg, f"{stack}_layers")
+        if asked is None:
+            asked = _option(_option(model_cfg, stack), "layers")
+        if not isinstance(asked, int) or isinstance(asked, bool):
+            continue  # other models spell layers otherwise (fconv: a string); fairseq checks those
+        stored = _stored_layers(weights, stack)
+        if asked > stored and (stored or f"{stack}.embed_tokens.weight" in weights):
+            raise CheckpointError(f"checkpoint {path} is malformed: its config asks for {asked} "
+                                  f"{stack} layers, its weights hold {stored}")
+
+
+def config_shapes(model_cfg, weights, path):
+    """{name: shape} of the state of the model ``model_cfg`` describes, and the number
+    of elements of all its tensors (parameters, buffers, tables such as the sinusoidal
+    positions), built on the meta device: nothing is allocated. The dictionaries are
+    sized from the stored embeddings. None when there are none to size them from.
+
+    Raises :class:`CheckpointError` for too many layers (:func:`check_layer_counts`);
+    fairseq's own errors while building pass through.
+    """
+    from fairseq import models
+
+    check_layer_counts(model_cfg, weights, path)
+    sizes = {stack: weights.get(f"{stack}.embed_tokens.weight") for stack in ("encoder", "decoder")}
+    if not (isinstance(sizes["decoder"], torch.Tensor) and sizes["decoder"].dim() == 2):
+        return None
+    target = SizedDictionary(sizes["decoder"].shape[0])
+    source = target
+    if isinstance(sizes["encoder"], torch.Tensor) and sizes["encoder"].dim() == 2 \
+            and sizes["encoder"].shape[0] != len(target):
+        source = SizedDictionary(sizes["encoder"].shape[0])
+    # One object for both sides when they match: --share-all-embeddings asks for a joined dictionary.
+    task = SimpleNamespace(source_dictionary=source, target_dictionary=target,
+                           dictionary=target, output_dictionary=target)
+    config = argparse.Namespace(**vars(model_cfg)) if isinstance(model_cfg, argparse.Namespace) \
+        else copy.deepcopy(model_cfg)  # builders fill in defaults: never in the caller's config
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the real build says it all again
+    try:
+        with torch.device("meta"):
+            model = models.build_model(config, task)
+    finally:
+        logging.disable(previous)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    elements = 0
+    for module in model.modules():
+        tensors = {id(t): t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False),
+                                      *(v for v in vars(module).values() if isinstance(v, torch.Tensor)))}
+        elements += sum(t.numel() for t in tensors.values())
+    return shapes, elements
+
+
+def check_config_fits_weights(state, path) -> None:
+    """Raise :class:`CheckpointError` unless the model that fairseq will build from the
+    (upgraded) state's config has the stored shapes and not many more elements."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    weights = state["model"]
+    if "fsdp_metadata" in state:
+        return  # sharded: each file holds part of the weights
+    cfg = convert_namespace_to_omegaconf(state["args"]) if state.get("args") is not None else state["cfg"]
+    try:
+        built = config_shapes(cfg.model, weights, path)
+    except CheckpointError:
+        raise
+    except Exception:  # noqa: BLE001  the real build will fail the same way and say so
+        return
+    if built is None:
+        return
+    shapes, elements = built
+    wrong = [name for name in shapes if name in weights and tuple(weights[name].shape) != shapes[name]]
+    if wrong:
+        name = wrong[0]
+        raise CheckpointError(f"checkpoint {path} is malformed: its config makes {name} "
+                              f"{list(shapes[name])}, its weights hold {list(weights[name].shape)}")
+    stored = sum(tensor.numel() for tensor in weights.values())
+    if elements > MAX_BUILT_PER_STORED_ELEMENT * stored + BUILT_ELEMENTS_SLACK:
+        raise CheckpointError(f"refusing to load checkpoint {path}: its config asks for a model of "
+                              f"{elements:,} values, its weights hold {stored:,}")
 
 
 _fairseq_load_checkpoint_to_cpu = None

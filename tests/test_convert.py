@@ -6,6 +6,7 @@ stream encoder/decoder.layer_norm.{weight,bias}. The test input is built here
 from that description.
 """
 import argparse
+import re
 
 import pytest
 import torch
@@ -74,6 +75,25 @@ def test_converter_refuses_to_overwrite_and_to_convert_a_pre_ln_model(trained_ti
         convert_checkpoint(tmp_path / "pre_ln.pt", tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
+
+
+@pytest.mark.parametrize("change, refusal", [
+    (lambda a: setattr(a, "enc_alpha", "abc"), "the checkpoint's enc_alpha is 'abc', not a finite number"),
+    (lambda a: setattr(a, "dec_res_input_norm_scale", [1, 2]), "dec_res_input_norm_scale is '\\[1, 2\\]'"),
+    (lambda a: setattr(a, "enc_alpha", float("nan")), "enc_alpha is 'nan', not a finite number"),
+    (lambda a: setattr(a, "encoder_layers", 5000), "its config asks for 5000 encoder layers, its weights hold 2"),
+])
+def test_converter_refuses_hostile_options_in_one_line(trained_tiny, tmp_path, capsys, change, refusal):
+    source = authors_checkpoint(trained_tiny, tmp_path / "authors.pt")
+    state = torch.load(source, weights_only=True)
+    change(state["cfg"]["model"])
+    torch.save(state, source)
+    with pytest.raises(SystemExit) as stop:
+        main([str(source), str(tmp_path / "out.pt")])
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and error.startswith("error: ") and "\n" not in error
+    assert re.search(refusal, error), error
+    assert not (tmp_path / "out.pt").exists()
 
 def test_official_option_names_reach_the_model_from_a_hydra_yaml(tmp_path):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({

@@ -367,6 +367,48 @@ def test_legitimate_checkpoints_load_in_both_layouts(real, tmp_path, toy_data_bi
     assert safe_checkpoints.read_checkpoint(averaged)["model"].keys() == good["model"].keys()
 
 
+
+# Options set in a checkpoint's config that fairseq would build before any weight is
+# compared. In the wild they ask for hundreds of GB; here they are bounded (a few
+# hundred MB), so that a broken check fails the test instead of the machine.
+CONFIG_BOMBS = [
+    ("encoder_ffn_embed_dim", 1 << 20,
+     r"its config makes encoder\.layers\.0\.fc1\.weight \[1048576, \d+\], its weights hold \[\d+, \d+\]"),
+    ("decoder_layers", 300, "its config asks for 300 decoder layers, its weights hold 2"),
+    # sinusoidal positions: a table the stored weights never hold
+    ("max_source_positions", 1 << 21, "its config asks for a model of [0-9,]+ values, its weights hold [0-9,]+"),
+]
+
+
+@pytest.mark.parametrize("layout", ["cfg", "args"])
+@pytest.mark.parametrize("option, value, refusal", CONFIG_BOMBS, ids=[bomb[0] for bomb in CONFIG_BOMBS])
+def test_a_config_asking_for_more_than_its_weights_is_refused_before_building(
+        layout, option, value, refusal, real, toy_data_bin, tmp_path):
+    good = torch.load(real, weights_only=True)
+    state = with_model_options(good if layout == "cfg" else args_layout(good), **{option: value})
+    torch.save(state, tmp_path / "bomb.pt")
+    path = tmp_path / "bomb.pt"
+    for loader in (lambda: translate.load_translator(path, toy_data_bin),
+                   lambda: analysis.load_checkpoint(path, translate_task(toy_data_bin)),
+                   lambda: ResiDualModel.from_pretrained(str(tmp_path), checkpoint_file="bomb.pt",
+                                                         data_name_or_path=str(toy_data_bin))):
+        with pytest.raises(safe_checkpoints.CheckpointError, match=refusal):
+            loader()
+
+
+def test_a_checkpoint_never_opens_the_files_its_initialisation_read(real, toy_data_bin, tmp_path):
+    """Pretrained-embedding paths are for a new model; a checkpoint's own weights replace
+    them, so a path in its config (/dev/zero in an attack; a missing file and a
+    malformed one here, either of which fairseq would fail on) is never opened."""
+    good = torch.load(real, weights_only=True)
+    reference = translate.load_translator(real, toy_data_bin).translate("w1 w2 w3", beam=2, max_len_b=4)
+    (tmp_path / "malformed.vec").write_text("not an embedding file\n")
+    for layout in (good, args_layout(good)):
+        torch.save(with_model_options(layout, encoder_embed_path=str(tmp_path / "missing.vec"),
+                                      decoder_embed_path=str(tmp_path / "malformed.vec")), tmp_path / "named.pt")
+        translator = translate.load_translator(tmp_path / "named.pt", toy_data_bin)
+        assert translator.translate("w1 w2 w3", beam=2, max_len_b=4) == reference
+
 def test_averaging_refuses_checkpoints_of_different_models(real, tmp_path, capsys):
     good = torch.load(real, weights_only=True)
     name = next(iter(good["model"]))
