@@ -7,6 +7,13 @@ checked against the checkpoint's embedding tables, and trained with the same con
 plus ``--finetune-from-model`` (fairseq loads the weights, resets optimizer, schedule
 and data position; a later call resumes from the new ``checkpoint_last.pt``).
 
+``--save-dir`` must be a directory of this fine-tune's own: fairseq ignores
+``--finetune-from-model`` when ``SAVE_DIR/checkpoint_last.pt`` exists (it resumes that
+run instead) and writes ``checkpoint_best.pt``/``checkpoint_last.pt`` over what is
+there. So the checkpoint's own directory, one holding the checkpoint file, and one
+holding checkpoints (``checkpoint*.pt``) of any other run are refused; one whose
+``run.json`` records this fine-tune (the same checkpoint and ``--data-out``) is resumed.
+
 Where everything comes from, by default: ``run.json`` beside the checkpoint (written
 by ``residual-fairseq-train``) names the config and the original data directory,
 whose ``manifest.json`` names the subword model.
@@ -19,6 +26,9 @@ CLI (the bundled sample: an es->en model fine-tuned on en->es)::
 """
 import argparse
 import filecmp
+import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -178,9 +188,91 @@ def check_config_matches_checkpoint(checkpoint: Path, settings: dict, extra_args
                         f"{', '.join(differences)}): pass the --train-config it was trained with")
 
 
+# --- the save directory ---------------------------------------------------------------------
+
+CHECKPOINT_GLOB = "checkpoint*.pt"  # what fairseq-train writes (and resumes from: checkpoint_last.pt)
+
+
+def recorded_finetune(save_dir: Path) -> Optional[tuple]:
+    """(resolved checkpoint, data directory) of the fine-tune that ``SAVE_DIR/run.json`` records;
+    None when there is no such record (none, unreadable, or a plain training run's)."""
+    try:
+        record = json.loads((Path(save_dir) / train.RUN_RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("data"), str):
+        return None
+    extra_args = record.get("extra_args")
+    if not isinstance(extra_args, list) or "--finetune-from-model" not in extra_args:
+        return None
+    index = extra_args.index("--finetune-from-model")  # the first one is finetune's own
+    if index + 1 >= len(extra_args) or not isinstance(extra_args[index + 1], str):
+        return None
+    return Path(extra_args[index + 1]), Path(record["data"])
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return path.is_file() and os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
+def check_save_dir(request: FinetuneRequest) -> None:
+    """Refuse a ``--save-dir`` where fairseq would not fine-tune the checkpoint, or would write over it.
+
+    Refused: the checkpoint's own directory; a directory holding the checkpoint file
+    (under any name, also as a link); one holding fairseq checkpoints (``checkpoint*.pt``)
+    that its ``run.json`` does not record as a fine-tune of this same checkpoint into
+    this same ``--data-out`` (only that one is resumed, as fairseq does from
+    ``checkpoint_last.pt``). Nothing is read but the directory listing and run.json.
+    """
+    save_dir = Path(request.save_dir)
+    if not save_dir.is_dir():
+        return
+    checkpoint = Path(request.checkpoint).resolve()
+    if save_dir.resolve() == checkpoint.parent:
+        raise UserError(f"--save-dir {save_dir} is the directory of --checkpoint {request.checkpoint}: fine-tuning "
+                        "would write checkpoint_best.pt and checkpoint_last.pt there, over the model it starts "
+                        "from (or resume that run instead); choose another --save-dir")
+    holding = next((entry for entry in sorted(save_dir.iterdir()) if _same_file(entry, checkpoint)), None)
+    if holding is not None:
+        raise UserError(f"--save-dir {save_dir} holds --checkpoint {request.checkpoint} (as {holding.name}): "
+                        "fine-tuning could write over it; choose another --save-dir")
+    found = sorted(path.name for path in save_dir.glob(CHECKPOINT_GLOB))
+    if not found:
+        return
+    this_run = (checkpoint, Path(request.data_out).resolve() / "bin")
+    if recorded_finetune(save_dir) == this_run:
+        return  # an earlier run of this fine-tune: fairseq resumes it from checkpoint_last.pt
+    named = found[0] + (f" and {len(found) - 1} more" if len(found) > 1 else "")
+    consequence = ("fairseq would resume that run from checkpoint_last.pt instead of fine-tuning "
+                   f"{request.checkpoint}" if "checkpoint_last.pt" in found else "fine-tuning would write over them")
+    raise UserError(f"--save-dir {save_dir} holds checkpoints of another run ({named}; its run.json records no "
+                    f"fine-tune of {request.checkpoint} into this --data-out): {consequence}; choose an empty "
+                    "--save-dir")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+# prepare's advice names its own flags (--out, --force); finetune has --data-out and no --force.
+_PREPARE_ADVICE = (
+    (re.compile(r": choose another --out or pass --force to replace it$"),
+     ": choose another --data-out (finetune does not replace an existing directory)"),
+    (re.compile(r"(?<![\w-])--out(?![\w-])"), "--data-out"),
+)
+
+
+def in_finetune_terms(message: str) -> str:
+    """A data preparation error, reworded with finetune's flags instead of prepare's."""
+    for pattern, replacement in _PREPARE_ADVICE:
+        message = pattern.sub(replacement, message)
+    return message
+
+
 def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary, rows: Optional[dict] = None) -> Path:
     """Prepare the new pair with the original subword model and dictionaries; returns bin/."""
-    from .data import PrepareOptions, prepare
+    from .data import DataPreparationError, PrepareOptions, prepare
 
     srcdict = vocabulary.dictionary_for(request.source_lang)
     tgtdict = vocabulary.dictionary_for(request.target_lang)
@@ -191,15 +283,22 @@ def prepare_new_pair(request: FinetuneRequest, vocabulary: OriginalVocabulary, r
         subword=None if vocabulary.subword_model else "none", srcdict=srcdict, tgtdict=tgtdict,
         **{split: [Path(p) for p in paths] for split, paths in request.corpus.items()},
     )
-    return prepare(options).bin_dir
+    try:
+        return prepare(options).bin_dir
+    except DataPreparationError as err:
+        raise DataPreparationError(in_finetune_terms(str(err))) from None
 
 
 def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan:
     """Prepare the new pair (also in a dry run: training needs its dictionaries) and train."""
+    if Path(request.checkpoint).is_dir():
+        raise UserError(f"--checkpoint {request.checkpoint} is a directory: give a checkpoint file "
+                        f"(e.g. {Path(request.checkpoint) / 'checkpoint_best.pt'})")
     if not Path(request.checkpoint).is_file():
         raise UserError(f"checkpoint not found: {request.checkpoint}")
     check_output_dir(request.save_dir, "--save-dir")
     check_output_dir(request.data_out, "--data-out")
+    check_save_dir(request)  # before anything is read or written (also in a dry run)
     rows = embedding_rows(Path(request.checkpoint))  # checks the checkpoint before anything is written
     config, vocab_from = original_run(request)
     dataset, variant, layers = config[:3]

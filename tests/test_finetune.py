@@ -1,9 +1,11 @@
 """Fine-tuning on a new pair: the sample es->en model continues on en->es with its vocabulary."""
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import CLI_ENV, REPO, run
+from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import finetune, train
 
 FAIRSEQ_FLAGS = ["--max-tokens", "1024", "--max-valid-steps", "1", "--no-epoch-checkpoints",
@@ -18,7 +20,7 @@ def es_en_checkpoint(sample_prepared, tmp_path_factory):  # noqa: F811
     return save_dir / "checkpoint_last.pt"
 
 
-def test_finetune_en_es_from_es_en(es_en_checkpoint, sample_prepared, tmp_path):  # noqa: F811
+def test_finetune_en_es_from_es_en(capsys, es_en_checkpoint, sample_prepared, tmp_path):  # noqa: F811
     data_out, save_dir = tmp_path / "en-es", tmp_path / "ft"
     proc = run(["python3", REPO / "scripts" / "finetune.py", "--checkpoint", es_en_checkpoint,
                 "--dataset", "sample-es-en", "--source-lang", "en", "--target-lang", "es",
@@ -33,6 +35,110 @@ def test_finetune_en_es_from_es_en(es_en_checkpoint, sample_prepared, tmp_path):
     log = (save_dir / "train.log").read_text()
     assert "loading pretrained model from" in log and '"valid_num_updates": "2"' in log
     assert (save_dir / "checkpoint_last.pt").is_file()
+
+    # The same fine-tune again resumes its own save dir (its run.json records this checkpoint and data) ...
+    argv = ["--checkpoint", es_en_checkpoint, "--dataset", "sample-es-en", "-s", "en", "-t", "es",
+            "--data-out", data_out, "--save-dir", save_dir, "--dry-run", "--", *FAIRSEQ_FLAGS]
+    finetune.main([str(a) for a in argv])
+    assert f"fairseq will resume from {save_dir / 'checkpoint_last.pt'}" in capsys.readouterr().out
+    # ... but not into other data, nor from another copy of the model: fairseq would resume this run instead.
+    copy = shutil.copy(es_en_checkpoint, tmp_path / "checkpoint_best.pt")
+    for checkpoint, changed in ((es_en_checkpoint, ["--data-out", tmp_path / "other"]),
+                                (copy, ["--checkpoint", copy])):
+        line = user_error(capsys, finetune.main, argv[:-len(FAIRSEQ_FLAGS) - 1] + changed, only_line=True)
+        assert line == (f"error: --save-dir {save_dir} holds checkpoints of another run (checkpoint_best.pt and "
+                        f"1 more; its run.json records no fine-tune of {checkpoint} into this --data-out): fairseq "
+                        f"would resume that run from checkpoint_last.pt instead of fine-tuning {checkpoint}; "
+                        "choose an empty --save-dir")
+    assert not (tmp_path / "other").exists()
+
+
+def test_data_out_holding_another_preparation_names_finetunes_flags(capsys, es_en_checkpoint, sample_prepared,
+                                                                   tmp_path):
+    """prepare's advice (--out, --force) is worded with finetune's flags: it has --data-out and no --force."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(sample_prepared / "manifest.json", other)  # es->en, not the en->es being asked for
+    line = user_error(capsys, finetune.main, [
+        "--checkpoint", es_en_checkpoint, "--dataset", "sample-es-en", "-s", "en", "-t", "es",
+        "--data-out", other, "--save-dir", tmp_path / "ft", "--dry-run"])
+    assert line == (f"error: output directory {other} holds a different preparation (sample-es-en, other settings): "
+                    "choose another --data-out (finetune does not replace an existing directory)")
+    assert sorted(p.name for p in other.iterdir()) == ["manifest.json"]
+
+
+def fake_run(directory, *checkpoints, record=None):
+    """A save dir holding (stand-in) checkpoint files and, if given, a run.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in checkpoints:
+        (directory / name).write_bytes(f"weights of {directory.name}/{name}".encode())
+    if record is not None:
+        (directory / "run.json").write_text(json.dumps(record))
+    return directory
+
+
+def finetune_record(checkpoint, data_out):
+    """What residual-fairseq-train writes in run.json for a fine-tune (the fields the check reads)."""
+    return {"dataset": "sample-es-en", "variant": "resi_dual", "layers": 3,
+            "data": str(Path(data_out).resolve() / "bin"),
+            "extra_args": ["--finetune-from-model", str(Path(checkpoint).resolve()), "--max-epoch", "1"]}
+
+
+@pytest.mark.parametrize("case", ["own directory (the review's repro)", "own directory, no checkpoint_last.pt",
+                                  "holds the model as a link", "another training run", "checkpoints, no run.json",
+                                  "fine-tune of another model", "fine-tune into other data"])
+def test_a_save_dir_where_fairseq_would_not_fine_tune_is_refused(capsys, tmp_path, case):
+    """fairseq ignores --finetune-from-model when SAVE_DIR/checkpoint_last.pt exists (it resumes that run)
+    and writes checkpoint_best.pt over what is there: such a --save-dir is one line, exit 2, nothing written
+    (the check reads no checkpoint, so stand-in files do)."""
+    model = fake_run(tmp_path / "ck", "checkpoint_best.pt", "checkpoint34.pt", record={"note": "the original run"})
+    checkpoint, save_dir, data_out = model / "checkpoint_best.pt", tmp_path / "ft", tmp_path / "data"
+    expected = "holds checkpoints of another run"
+    if case.startswith("own directory"):
+        save_dir = tmp_path / "ck_ft"
+        shutil.copytree(model, save_dir)
+        checkpoint = save_dir / "checkpoint_best.pt"
+        if case == "own directory (the review's repro)":
+            shutil.copy(save_dir / "checkpoint34.pt", save_dir / "checkpoint_last.pt")
+        expected = f"--save-dir {save_dir} is the directory of --checkpoint {checkpoint}: fine-tuning would write"
+    elif case == "holds the model as a link":
+        fake_run(save_dir)
+        (save_dir / "start.pt").symlink_to(checkpoint)
+        expected = f"--save-dir {save_dir} holds --checkpoint {checkpoint} (as start.pt)"
+    elif case == "another training run":
+        fake_run(save_dir, "checkpoint_last.pt", "checkpoint1.pt", record={"dataset": "sample-es-en", "data": "/d/bin",
+                                                                           "extra_args": ["--max-epoch", "1"]})
+        expected += " (checkpoint1.pt and 1 more; its run.json records no fine-tune of"
+    elif case == "checkpoints, no run.json":
+        fake_run(save_dir, "checkpoint_best.pt")
+        expected += f" (checkpoint_best.pt; its run.json records no fine-tune of {checkpoint} into this --data-out): " \
+                    "fine-tuning would write over them; choose an empty --save-dir"
+    elif case == "fine-tune of another model":
+        fake_run(save_dir, "checkpoint_last.pt", record=finetune_record(tmp_path / "elsewhere.pt", data_out))
+        expected += f" (checkpoint_last.pt; its run.json records no fine-tune of {checkpoint} into this --data-out): " \
+                    f"fairseq would resume that run from checkpoint_last.pt instead of fine-tuning {checkpoint}"
+    else:
+        fake_run(save_dir, "checkpoint_last.pt", record=finetune_record(checkpoint, tmp_path / "other-data"))
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    line = user_error(capsys, finetune.main, [
+        "--checkpoint", checkpoint, "--dataset", "sample-es-en", "-s", "en", "-t", "es", "--data-out", data_out,
+        "--save-dir", save_dir, "--train-config", "sample-es-en", "resi_dual", "3", "--vocab-from", model],
+        only_line=True)
+    assert expected in line, line
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+    assert not data_out.exists()
+    # The same directory with the run.json of this very fine-tune is its own: accepted (resumed by fairseq).
+    if case == "fine-tune into other data":
+        (save_dir / "run.json").write_text(json.dumps(finetune_record(checkpoint, data_out)))
+        finetune.check_save_dir(finetune.FinetuneRequest(checkpoint, "sample-es-en", "en", "es", data_out, save_dir))
+
+
+def test_a_checkpoint_directory_is_refused_with_what_to_give(capsys, tmp_path):
+    line = user_error(capsys, finetune.main, [
+        "--checkpoint", tmp_path, "--dataset", "sample-es-en", "-s", "en", "-t", "es",
+        "--data-out", tmp_path / "data", "--save-dir", tmp_path / "ft"], only_line=True)
+    assert line == (f"error: --checkpoint {tmp_path} is a directory: give a checkpoint file "
+                    f"(e.g. {tmp_path / 'checkpoint_best.pt'})")
 
 
 def test_incompatible_vocabulary_is_one_line(es_en_checkpoint, tmp_path):
