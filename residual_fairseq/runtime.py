@@ -86,6 +86,23 @@ def report_user_errors_in_fairseq_commands() -> None:
         return
     if not getattr(sys.excepthook, "residual_fairseq", False):
         sys.excepthook = _one_line_for_user_errors(sys.excepthook)
+    _compact_user_errors_in_hydra()
+
+
+def _compact_user_errors_in_hydra() -> None:
+    """fairseq-hydra-train: hydra reports a failed job itself (a traceback, exit 1), so
+    the excepthook never sees it, except for its own config errors, which it prints as
+    their message alone. A UserError (a bad option in a yaml) joins those: hydra's
+    ``Error executing job with overrides: [...]`` line, then the message."""
+    hydra_utils = sys.modules.get("hydra._internal.utils")
+    compact = getattr(hydra_utils, "CompactHydraException", None)
+    if compact is None:
+        return  # not under hydra (or a hydra that reports otherwise)
+    from .errors import UserError
+
+    if not (isinstance(compact, tuple) and UserError in compact):
+        # run_and_report only tests isinstance(ex, CompactHydraException): a tuple works there
+        hydra_utils.CompactHydraException = (compact, UserError)
 
 
 def fairseq_executable(name: str) -> str:

@@ -68,6 +68,19 @@ checkpoint: {{save_dir: {tmp_path / 'ckpt'}}}
     assert len(model.encoder.layers) == 3
     assert (model.encoder.dual_scale, model.decoder.dual_scale) == (0.125, 0.375)
 
+    # A bad value in the yaml: hydra reports it as it reports its own config errors,
+    # its "Error executing job" line and the message, not a traceback.
+    (tmp_path / "bad.yaml").write_text((tmp_path / "tiny.yaml").read_text()
+                                       .replace("dual_scale_decoder: 0.375", "dual_scale_decoder: -1")
+                                       .replace(str(tmp_path / "ckpt"), str(tmp_path / "bad")))
+    proc = run([fairseq_cli("fairseq-hydra-train"), "--config-dir", tmp_path, "--config-name", "bad"],
+               cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"^Error executing job with overrides: \[\]\n--dual-scale-decoder must be a finite "
+                     r"positive number, got -1\n", proc.stderr, re.M), proc.stderr[-3000:]
+    assert not (tmp_path / "bad" / "checkpoint_last.pt").exists()
+
 
 def test_resume_from_checkpoint_last(trained_tiny, tmp_path):
     data_bin, save_dir, _ = trained_tiny
