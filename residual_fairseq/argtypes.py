@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import shlex
+import stat
 from pathlib import Path
 
 from .errors import UserError
@@ -87,8 +88,9 @@ def check_output_file(path, flag: str) -> Path:
     blocking = _blocking_parent(path)
     if blocking is not None:
         raise UserError(f"{flag} {path}: {blocking} is a file, not a directory")
-    if path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: cannot write in {path.parent}")
+    existing = next((parent for parent in path.parents if parent.is_dir()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: cannot write in {existing}")
     return path
 
 
@@ -136,8 +138,13 @@ def decode_user_text(data: bytes, name: str) -> str:
 def read_user_lines(path, name=None):
     """Lines (newline-stripped) of a user's text file; see :func:`decode_user_text`."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"file not found: {path}")
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise UserError(f"file not found: {path}") from None
+    # A pipe (bash's <(...)) is read once, like stdin; a directory or a device is no text file.
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise UserError(f"{path} is not a text file (a directory or a device)")
     text = decode_user_text(path.read_bytes(), name or str(path))
     return split_lines(text)
 

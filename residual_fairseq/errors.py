@@ -1,7 +1,9 @@
 """One error type for everything a user can get wrong, and the CLI wrapper for it.
 
 Every command of the project turns a :class:`UserError` into one line on stderr,
-``error: <message>``, and exit status 2: no traceback wall for bad input. It also
+``error: <message>``, and exit status 2: no traceback wall for bad input. So is an
+``OSError`` (a full disk, a read-only directory: ``error: <reason>: <file>``); a closed
+pipe on stdout (``| head``) ends the command quietly with status 141, as in Unix tools. It also
 keeps DEBUG log lines off the terminal unless ``--verbose`` is on the command line
 (:func:`residual_fairseq.runtime.configure_logging`).
 """
@@ -31,5 +33,18 @@ def cli_main(main):
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             sys.exit(130)
+        except BrokenPipeError:
+            # The reader of our output went away (`... | head`): stop quietly, as Unix tools do.
+            # stdout is pointed at /dev/null so that Python's final flush does not fail again.
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
+        except OSError as err:
+            # The system refused a read or write (a full disk, a read-only directory, no
+            # permission): the user's to fix, so one line naming the file.
+            where = f": {err.filename}" if err.filename else ""
+            print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+            sys.exit(2)
 
     return wrapper

@@ -406,6 +406,19 @@ def checkpoint_architecture(state):
     return _config_get(model_cfg, "_name") or _config_get(model_cfg, "arch")
 
 
+def checkpoint_task(state):
+    """(task name, source language, target language) stored in a verified checkpoint
+    state; each None when not stored as a string."""
+    args = state.get("args")
+    if args is not None:
+        values = (_config_get(args, "task"), _config_get(args, "source_lang"), _config_get(args, "target_lang"))
+    else:
+        task = (state.get("cfg") or {}).get("task")
+        values = (_config_get(task, "_name") or _config_get(task, "task"),
+                  _config_get(task, "source_lang"), _config_get(task, "target_lang"))
+    return tuple(value if isinstance(value, str) else None for value in values)
+
+
 def read_checkpoint(path) -> dict:
     """The state of a checkpoint file, as ``torch.load`` returns it, after every check above.
 

@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence, Union
 from .argtypes import finite_float, int_at_least, positive_int, read_user_lines, decode_user_text, split_lines
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
-from .safe_checkpoints import WeightsMismatchError, load_models, read_checkpoint
+from .safe_checkpoints import WeightsMismatchError, checkpoint_task, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
 # residual-fairseq-prepare output directory), and fairseq's --bpe name for each.
@@ -71,11 +71,7 @@ class Translator:
         if not isinstance(beam, int) or beam < 1:
             raise UserError(f"beam must be a positive integer, got {beam!r}")
         sentences = list(sentences)
-        todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-        tokens = [self.hub.encode(sentences[i]) for i in todo]
-        for i, encoded in zip(todo, tokens):
-            if self.max_source_tokens is not None and len(encoded) > self.max_source_tokens:
-                raise SentenceTooLongError(i, len(encoded), self.max_source_tokens)
+        todo, tokens = self._encode(sentences)
         translations = [""] * len(sentences)
         if tokens:
             with quiet_hub_batches():
@@ -85,6 +81,21 @@ class Translator:
         return translations
 
 
+    def check_lengths(self, sentences: Sequence[str]) -> None:
+        """Raise :class:`SentenceTooLongError` for the first sentence longer than the model
+        takes (the CLI checks every line before it prints the first translation)."""
+        self._encode(list(sentences))
+
+    def _encode(self, sentences):
+        """(indices of the non-empty sentences, their source tokens), lengths checked."""
+        todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        tokens = [self.hub.encode(sentences[i]) for i in todo]
+        for i, encoded in zip(todo, tokens):
+            if self.max_source_tokens is not None and len(encoded) > self.max_source_tokens:
+                raise SentenceTooLongError(i, len(encoded), self.max_source_tokens)
+        return todo, tokens
+
+
 def find_subword_model(data_dir):
     """(fairseq bpe name, path) of a subword model in ``data_dir`` or its parent, or (None, None)."""
     for directory in (Path(data_dir), Path(data_dir).parent):
@@ -92,6 +103,33 @@ def find_subword_model(data_dir):
             if (directory / name).is_file():
                 return bpe, str(directory / name)
     return None, None
+
+
+def subword_marks(dictionary_path, sample=2000):
+    """The subword method whose marks a fairseq dictionary's entries carry: "sentencepiece"
+    (pieces starting with ▁), "subword_nmt" (tokens ending in @@), or None."""
+    words = []
+    with open(dictionary_path, encoding="utf-8", errors="replace") as lines:
+        for line, _ in zip(lines, range(sample)):
+            words.append(line.split(" ", 1)[0])
+    if not words:
+        return None
+    if sum(word.startswith("\u2581") for word in words) > len(words) // 4:
+        return "sentencepiece"
+    if sum(word.endswith("@@") for word in words) > len(words) // 10:
+        return "subword_nmt"
+    return None
+
+
+def check_no_subword_marks(data) -> None:
+    """With ``bpe="auto"`` and no subword model found: refuse dictionaries of subword units,
+    which would turn raw input into unknown words and print pieces (\u2581, @@) as output."""
+    for dictionary in sorted(Path(data).glob("dict.*.txt")):
+        method = subword_marks(dictionary)
+        if method is not None:
+            flag = {"sentencepiece": "--sentencepiece-model FILE", "subword_nmt": "--bpe-codes FILE"}[method]
+            raise UserError(f"{dictionary} holds {method} units, but no subword model was found in {data} or its "
+                            f"parent: pass {flag} (or --bpe none for input that is already split)")
 
 
 # fairseq's bpe name -> the hub option that names its model file.
@@ -136,8 +174,24 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         checkpoint = checkpoint / "checkpoint_best.pt"
     state = read_checkpoint(checkpoint)  # the file is read (and checked) once, before anything else
     data = Path(data) if data is not None else checkpoint.parent
+    task, source_lang, target_lang = checkpoint_task(state)
+    if task is not None and task != "translation":
+        raise UserError(f"checkpoint {checkpoint} is a {task} model, not a translation model"
+                        + (" (for a language model: residual_fairseq.load_language_model, or "
+                           "residual-fairseq-evaluate)" if task == "language_modeling" else ""))
     if not data.is_dir() or not any(data.glob("dict.*.txt")):
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
+    for lang in (source_lang, target_lang):
+        if isinstance(lang, str) and not (data / f"dict.{lang}.txt").is_file():
+            raise UserError(f"checkpoint {checkpoint} translates {source_lang}->{target_lang}, but {data} has "
+                            f"no dict.{lang}.txt: pass the data directory it was trained on")
+    if (source_lang is None or target_lang is None) and "source_lang" not in overrides:
+        from fairseq.data.data_utils import infer_language_pair
+
+        if infer_language_pair(str(data)) == (None, None):  # what fairseq's translation task does next
+            raise UserError(f"checkpoint {checkpoint} does not name its languages, and {data} holds no "
+                            "binarized split (train.SRC-TGT.*) to infer them from: pass the data-bin it was "
+                            "trained on")
     from .data.binarized import check_dictionaries
 
     check_dictionaries(data.resolve())  # as fairseq gets it (load_hub); a malformed one: one line naming it
@@ -152,6 +206,8 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
                 sentencepiece_model = found
             elif bpe == "subword_nmt":
                 bpe_codes = found
+            else:
+                check_no_subword_marks(data)
     if bpe is not None:
         overrides.update(subword_options(bpe, {"sentencepiece": sentencepiece_model,
                                                "subword_nmt": bpe_codes}.get(bpe)))
@@ -214,7 +270,7 @@ def read_input(path):
         stdin = getattr(sys.stdin, "buffer", None)
         data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
         return split_lines(decode_user_text(data, "standard input"))
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise UserError(f"input file not found: {path}")
     return read_user_lines(path, f"--input {path}")
 
@@ -235,12 +291,12 @@ def main(argv=None):
         sentencepiece_model=args.sentencepiece_model, tokenizer=None if args.tokenizer == "none" else args.tokenizer,
         cpu=args.cpu,
     )
+    try:  # every line before the first translation is printed: no output that stops half-way
+        translator.check_lengths(lines)
+    except SentenceTooLongError as err:
+        raise SentenceTooLongError(err.index, err.length, err.limit, what="line") from err
     for start in range(0, len(lines), args.batch_lines):
-        batch = lines[start:start + args.batch_lines]
-        try:
-            translations = translator.translate(batch, beam=args.beam, lenpen=args.lenpen)
-        except SentenceTooLongError as err:
-            raise SentenceTooLongError(start + err.index, err.length, err.limit, what="line") from err
+        translations = translator.translate(lines[start:start + args.batch_lines], beam=args.beam, lenpen=args.lenpen)
         print("\n".join(translations), flush=True)
 
 

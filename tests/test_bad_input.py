@@ -4,6 +4,7 @@ The CLIs run in-process (their ``main``), so a traceback would fail the test as 
 exception rather than hide in a subprocess's stderr.
 """
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +124,59 @@ def test_invalid_option_values(capsys, toy_data_bin, tmp_path):
                 "--cpu", "--encoder-layers", "0"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].endswith("argument --encoder-layers: must be a finite positive number, got 0")
+
+
+# --- what the system refuses: the same one line --------------------------------------------
+
+
+def test_a_refused_write_is_one_line_and_a_closed_pipe_ends_quietly(capsys, monkeypatch):
+    import errno
+    import os
+    import subprocess
+    import sys
+
+    from residual_fairseq.errors import cli_main
+
+    @cli_main
+    def full_disk(argv=None):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.json")
+
+    with pytest.raises(SystemExit) as stop:
+        full_disk([])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "error: No space left on device: /data/out.json\n"
+    # `residual-fairseq-... | head -1`: exit 141 (as a Unix tool killed by SIGPIPE), no traceback.
+    script = ("import sys\nfrom residual_fairseq.errors import cli_main\n"
+              "@cli_main\ndef main(argv=None):\n    for i in range(10**6):\n        print('line', i)\nmain()\n")
+    proc = subprocess.run(f"{sys.executable} -c \"$SCRIPT\" | head -1", shell=True, capture_output=True,
+                          text=True, env={**os.environ, "SCRIPT": script}, executable="/bin/bash", timeout=120)
+    assert proc.stdout == "line 0\n" and proc.stderr == "", proc.stderr[-2000:]
+    proc = subprocess.run(f"{sys.executable} -c \"$SCRIPT\" | head -1; echo \"${{PIPESTATUS[0]}}\" >&2",
+                          shell=True, capture_output=True, text=True, env={**os.environ, "SCRIPT": script},
+                          executable="/bin/bash", timeout=120)
+    assert proc.stderr.strip() == "141"
+
+
+def test_output_paths_are_checked_at_the_nearest_existing_directory(tmp_path, monkeypatch):
+    import os
+
+    from residual_fairseq import argtypes
+    from residual_fairseq.argtypes import check_output_file, read_user_lines
+    from residual_fairseq.errors import UserError
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    # A read-only directory (simulated: the tests may run as root, who may write anywhere).
+    monkeypatch.setattr(argtypes.os, "access", lambda path, mode: Path(path) != locked)
+    with pytest.raises(UserError, match=f"cannot write in {locked}$"):
+        check_output_file(locked / "new" / "deeper" / "out.json", "--out-json")
+    assert check_output_file(tmp_path / "new" / "out.json", "--out-json") == tmp_path / "new" / "out.json"
+    monkeypatch.undo()
+    # inputs: a pipe (bash's <(...)) is read like a file; a device or a directory is refused
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"first\nsecond\n")
+    os.close(write_end)
+    assert read_user_lines(f"/dev/fd/{read_end}") == ["first", "second"]
+    for not_text in ("/dev/zero", tmp_path):
+        with pytest.raises(UserError, match="is not a text file"):
+            read_user_lines(not_text)

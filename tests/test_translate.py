@@ -3,6 +3,7 @@ import io
 import re
 
 import pytest
+import torch
 
 from helpers import USER_DIR, fairseq_cli
 from residual_fairseq import translate
@@ -75,6 +76,19 @@ def test_translate_cli_input_file(toy_run, toy_data_bin, translator, tmp_path, c
 def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translator, tmp_path, monkeypatch, capsys):
     checkpoint, sources, _ = toy_run
     too_long = " ".join(["w1"] * (translator.max_source_tokens + 5))
+    # A language model's checkpoint (its stored task), data of another language pair, and
+    # dictionaries of sentencepiece units with no spm.model to find (raw input would be all <unk>).
+    state = torch.load(checkpoint, weights_only=True)
+    state["cfg"]["task"].update(source_lang="src", target_lang="tgt")  # as residual-fairseq-train stores them
+    torch.save(state, tmp_path / "paired.pt")
+    state["cfg"]["task"]["_name"] = "language_modeling"
+    torch.save(state, tmp_path / "lm.pt")
+    other_pair, pieces = tmp_path / "de-en", tmp_path / "pieces"
+    other_pair.mkdir(), pieces.mkdir()
+    for lang, other in (("src", "de"), ("tgt", "en")):
+        entries = (toy_data_bin / f"dict.{lang}.txt").read_text().splitlines()
+        (other_pair / f"dict.{other}.txt").write_text("\n".join(entries) + "\n")
+        (pieces / f"dict.{lang}.txt").write_text("".join(f"\u2581{entry}\n" for entry in entries))
     cases = [
         ("\n \n", [checkpoint, "--data", str(toy_data_bin)],
          "error: empty input: nothing to translate"),
@@ -87,6 +101,18 @@ def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translat
          f"error: no dict.<lang>.txt files in {tmp_path}"),
         (sources[0], [checkpoint, "--data", str(toy_data_bin), "--input", str(tmp_path / "nope.txt")],
          f"error: input file not found: {tmp_path / 'nope.txt'}"),
+        # the long line after a full batch: refused before the first batch is printed
+        ("\n".join(sources[:3]) + "\n" + too_long + "\n", [checkpoint, "--data", str(toy_data_bin), "--batch-lines", "2"],
+         f"error: line 4 is {translator.max_source_tokens + 6} tokens long"),
+        (sources[0], [str(tmp_path / "lm.pt"), "--data", str(toy_data_bin)],
+         f"error: checkpoint {tmp_path / 'lm.pt'} is a language_modeling model, not a translation model"),
+        (sources[0], [str(tmp_path / "paired.pt"), "--data", str(other_pair)],
+         f"error: checkpoint {tmp_path / 'paired.pt'} translates src->tgt, but {other_pair} has no dict.src.txt"),
+        (sources[0], [checkpoint, "--data", str(other_pair)],  # fairseq-train without -s/-t stores no pair
+         f"error: checkpoint {checkpoint} does not name its languages, and {other_pair} holds no binarized split"),
+        (sources[0], [str(tmp_path / "paired.pt"), "--data", str(pieces)],
+         f"error: {pieces / 'dict.src.txt'} holds sentencepiece units, but no subword model was found in {pieces} "
+         "or its parent: pass --sentencepiece-model FILE"),
     ]
     for stdin, argv, expected in cases:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
@@ -99,6 +125,10 @@ def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translat
     # From Python, the same check raises the error type, naming the sentence.
     with pytest.raises(translate.SentenceTooLongError, match="^sentence 1 is"):
         translator.translate([too_long])
+    # Pieces are fine when the input is already split into them: --bpe none skips the check.
+    monkeypatch.setattr("sys.stdin", io.StringIO("\u2581w1 \u2581w2\n"))
+    translate.main([str(tmp_path / "paired.pt"), "--data", str(pieces), "--bpe", "none", "--beam", "1"])
+    assert len(capsys.readouterr().out.splitlines()) == 1
 
 
 def test_sentencepiece_round_trip_on_the_sample_corpus(tmp_path_factory):
