@@ -12,7 +12,9 @@ One run does, in order:
    tokenized BLEU (optionally compound-split, the WMT recipe) on the text as
    fairseq-generate printed it;
 5. write ``<out>.json`` (the numbers and everything needed to reproduce them), the
-   detokenized hypotheses ``<out>.hyp.txt`` and the raw ``<out>.generate.txt``.
+   detokenized hypotheses ``<out>.hyp.txt``, the raw ``<out>.generate.txt`` (+ ``.log``)
+   and, when checkpoints were averaged, the averaged model ``<out>.averaged.pt``; all
+   of them only once the whole run has succeeded.
 
 Python::
 
@@ -31,11 +33,13 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 from . import USER_DIR
+from . import average_checkpoints as averaging
 from .argtypes import check_output_file, finite_float, int_at_least, positive_int, read_user_lines, shell_words
 from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
@@ -59,6 +63,25 @@ REMOVE_BPE = {
 _GENERATE_LINE = re.compile(r"^([HT])-(\d+)\t(.*)$")
 
 
+def pick_checkpoint(checkpoint, last_n: Optional[int] = None):
+    """(checkpoint file or None when averaging, checkpoint directory); reads nothing yet."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_file():
+        if last_n:
+            raise UserError(f"averaging the last {last_n} checkpoints needs a checkpoint directory, got a file: {checkpoint}")
+        return checkpoint, checkpoint.parent
+    if not checkpoint.is_dir():
+        raise UserError(f"checkpoint not found: {checkpoint}")
+    if not last_n:
+        best = checkpoint / "checkpoint_best.pt"
+        if not best.is_file():
+            raise UserError(f"no checkpoint_best.pt in {checkpoint}: give a checkpoint file or --last-n N")
+        return best, checkpoint
+    if last_n < 1:
+        raise UserError(f"--last-n must be at least 1, got {last_n}")
+    return None, checkpoint
+
+
 def resolve_checkpoint(checkpoint, last_n: Optional[int] = None, update_based: bool = False,
                        averaged_path=None):
     """The checkpoint file to evaluate and the files it was made from.
@@ -66,24 +89,14 @@ def resolve_checkpoint(checkpoint, last_n: Optional[int] = None, update_based: b
     ``checkpoint`` is a file, or a directory: its ``checkpoint_best.pt``, or with
     ``last_n`` the average of its last N epoch (or update) checkpoints, written to
     ``averaged_path`` (default ``<dir>/checkpoint.avg_last<N>[_updates].pt``).
+    :func:`evaluate_run` averages beside its result file instead (``<out>.averaged.pt``).
     """
-    checkpoint = Path(checkpoint)
-    if checkpoint.is_file():
-        if last_n:
-            raise UserError(f"averaging the last {last_n} checkpoints needs a checkpoint directory, got a file: {checkpoint}")
-        return verify_checkpoint_file(checkpoint), [str(checkpoint)]
-    if not checkpoint.is_dir():
-        raise UserError(f"checkpoint not found: {checkpoint}")
-    if not last_n:
-        best = checkpoint / "checkpoint_best.pt"
-        if not best.is_file():
-            raise UserError(f"no checkpoint_best.pt in {checkpoint}: give a checkpoint file or --last-n N")
-        return verify_checkpoint_file(best), [str(best)]
-    if last_n < 1:
-        raise UserError(f"--last-n must be at least 1, got {last_n}")
+    checkpoint_file, directory = pick_checkpoint(checkpoint, last_n)
+    if checkpoint_file is not None:
+        return verify_checkpoint_file(checkpoint_file), [str(checkpoint_file)]
     suffix = "_updates" if update_based else ""
-    averaged_path = Path(averaged_path or checkpoint / f"checkpoint.avg_last{last_n}{suffix}.pt")
-    sources = average_last_checkpoints(checkpoint, last_n, averaged_path, update_based)
+    averaged_path = Path(averaged_path or directory / f"checkpoint.avg_last{last_n}{suffix}.pt")
+    sources = average_last_checkpoints(directory, last_n, averaged_path, update_based)
     print(f"averaged {len(sources)} checkpoints into {averaged_path}:\n  " + "\n  ".join(sources), flush=True)
     return averaged_path, sources
 
@@ -141,6 +154,14 @@ def remove_bpe_value(subword):
     return REMOVE_BPE[subword]
 
 
+class GenerateFailed(UserError):
+    """fairseq-generate exited non-zero (``returncode``; ``last_line`` of its log)."""
+
+    def __init__(self, message, returncode=None, last_line=None):
+        super().__init__(message)
+        self.returncode, self.last_line = returncode, last_line
+
+
 def run_generate(command, output_path, threads=None, log_path=None):
     """Run fairseq-generate, its stdout into ``output_path`` (atomically), its log beside it."""
     print("running: " + shlex.join(command), flush=True)
@@ -153,7 +174,9 @@ def run_generate(command, output_path, threads=None, log_path=None):
             raise UserError(f"{command[0]} not found: is fairseq installed in this environment?")
         if returncode != 0:
             log.flush()
-            raise UserError(f"fairseq-generate exited {returncode}: {_last_line(log_path)} (full log: {log_path})")
+            last = _last_line(log_path)
+            raise GenerateFailed(f"fairseq-generate exited {returncode}: {last} (full log: {log_path})",
+                                 returncode, last)
 
 
 def binarized_size(data_bin, subset):
@@ -232,6 +255,165 @@ def score_generate_output(generate_output, *, detok_lang=None, compound_split=Fa
     return result
 
 
+def default_result_name(subset, checkpoint_file=None, last_n=None, update_based=False, kind="eval") -> str:
+    """``eval-<subset>.json`` for checkpoint_best.pt, ``eval-<subset>-<checkpoint>.json`` for any other
+    file (``eval-test-checkpoint33.json``), ``eval-<subset>-avg<N>[-updates].json`` for an average."""
+    if last_n:
+        tag = f"-avg{last_n}" + ("-updates" if update_based else "")
+    elif checkpoint_file is None or Path(checkpoint_file).name == "checkpoint_best.pt":
+        tag = ""
+    else:
+        name = Path(checkpoint_file).name
+        tag = "-" + (name[:-3] if name.endswith(".pt") and len(name) > 3 else name)
+    return f"{kind}-{subset}{tag}.json"
+
+
+def result_stem(out_json) -> Path:
+    """``out_json`` less a final ``.json`` only: ``lp/eval-lenpen0.6`` keeps its ``.6``."""
+    out_json = Path(out_json)
+    name = out_json.name
+    if name.lower().endswith(".json") and len(name) > len(".json"):
+        return out_json.with_name(name[:-len(".json")])
+    return out_json
+
+
+def result_files(out_json, averaged: bool = False) -> dict:
+    """Every file an evaluation writes under ``out_json``'s name, by role."""
+    out_json = Path(out_json)
+    stem = str(result_stem(out_json))
+    files = {
+        "result": out_json,
+        "hypotheses": Path(f"{stem}.hyp.txt"),
+        "generate_output": Path(f"{stem}.generate.txt"),
+        "generate_log": Path(f"{stem}.generate.txt.log"),
+        "failed_output": Path(f"{stem}.generate.failed.txt"),
+        "failed_log": Path(f"{stem}.generate.failed.txt.log"),
+    }
+    if averaged:
+        files["averaged"] = Path(f"{stem}.averaged.pt")
+    return files
+
+
+def _same_file(a, b) -> bool:
+    a, b = Path(a), Path(b)
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):  # a symlink loop: compare what can be compared
+        pass
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> None:
+    """UserError when a file the run would write is (or, through symlinks, resolves to) one of its inputs.
+
+    ``outputs``: paths; ``inputs``: (description, path) pairs, e.g. ("the checkpoint", path).
+    """
+    for output in outputs:
+        for role, path in inputs:
+            if path is not None and _same_file(output, path):
+                written = "" if Path(output) == Path(out_json) else f" (its side file {output})"
+                raise UserError(f"{flag} {out_json}{written} would overwrite {role} {path}: "
+                                f"choose another result file")
+
+
+def data_input_files(data_bin, subset):
+    """The files of ``data_bin`` that fairseq-generate/-eval-lm read for ``subset``."""
+    data_bin = Path(data_bin)
+    names = [p for p in data_bin.glob("dict*.txt")]
+    names += [p for p in data_bin.iterdir() if p.name.startswith(f"{subset}") and p.suffix in (".bin", ".idx")]
+    return [("the data file", p) for p in sorted(names)]
+
+
+_SPLIT_FILE = r"{subset}\d*\.([^.\-]+)-([^.\-]+)\.[^.]+\.(bin|idx)$"
+SENTENCEPIECE_MARK = "\u2581"
+
+
+def dictionary_segmentation(dictionary, threshold: float = 0.1):
+    """(method, marked entries, entries): ``"sentencepiece"`` when at least ``threshold`` of the
+    dictionary's entries carry the ``▁`` word-start mark, ``"subword_nmt"`` when they end in ``@@``,
+    else None."""
+    entries = spm = bpe = 0
+    try:
+        lines = Path(dictionary).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None, 0, 0
+    for line in lines:
+        token = line.split(" ", 1)[0]
+        if not token or token.startswith("#fairseq:"):
+            continue
+        entries += 1
+        spm += token.startswith(SENTENCEPIECE_MARK)
+        bpe += token.endswith("@@")
+    if entries and spm >= threshold * entries:
+        return "sentencepiece", spm, entries
+    if entries and bpe >= threshold * entries:
+        return "subword_nmt", bpe, entries
+    return None, 0, entries
+
+
+def prepare_manifest_of(data_bin):
+    """(manifest, path) of residual-fairseq-prepare's ``OUT/manifest.json`` for ``OUT/bin``; (None, None) else."""
+    from .data.errors import DataPreparationError
+    from .data.pipeline import MANIFEST_NAME, is_prepare_manifest, read_manifest
+
+    data_bin = Path(data_bin).resolve()
+    try:
+        manifest = read_manifest(data_bin.parent)
+    except DataPreparationError:  # not JSON: not residual-fairseq-prepare's
+        return None, None
+    if not is_prepare_manifest(manifest) or manifest.get("binarized", "bin") != data_bin.name:
+        return None, None
+    return manifest, data_bin.parent / MANIFEST_NAME
+
+
+def resolve_subword(subword, data_bin, subset="test"):
+    """(subword method, where it came from) for an evaluation of ``data_bin``.
+
+    An explicit ``subword`` wins. Without one, the method recorded by residual-fairseq-prepare
+    in ``OUT/manifest.json`` (beside ``OUT/bin``); without that, a target dictionary full of
+    ``▁`` or ``@@`` marks is refused (scoring would compare segmented text with the references).
+    """
+    if subword is not None:
+        remove_bpe_value(subword)  # a known method, else a one-line error
+        return subword, "--subword"
+    manifest, manifest_path = prepare_manifest_of(data_bin)
+    if manifest is not None:
+        method = manifest.get("subword", {}).get("method") if isinstance(manifest.get("subword"), dict) else None
+        if not isinstance(method, str) or method not in REMOVE_BPE:
+            raise UserError(f"{manifest_path} names no known subword method ({method!r}): give --subword "
+                            f"({', '.join(REMOVE_BPE)})")
+        print(f"subword method {method!r} from {manifest_path}", flush=True)
+        return method, str(manifest_path)
+    targets = sorted({match.group(2) for match in
+                      map(re.compile(_SPLIT_FILE.format(subset=re.escape(subset))).match, os.listdir(data_bin))
+                      if match})
+    for target in targets:
+        dictionary = Path(data_bin) / f"dict.{target}.txt"
+        method, marked, entries = dictionary_segmentation(dictionary)
+        if method:
+            mark = SENTENCEPIECE_MARK if method == "sentencepiece" else "@@"
+            raise UserError(f"{marked} of the {entries} entries of {dictionary} carry subword marks ({mark!r}) "
+                            f"and neither --subword nor a manifest.json beside {data_bin} says how the data were "
+                            f"segmented: give --subword {method} (or --subword none to score the segmented text)")
+    return None, None
+
+
+def generate_output_segmentation(hypotheses, threshold: float = 0.1):
+    """``"sentencepiece"``/``"subword_nmt"`` when hypotheses still clearly carry subword marks, else None."""
+    tokens = [token for line in hypotheses for token in line.split()]
+    if not tokens:
+        return None
+    if sum(SENTENCEPIECE_MARK in token for token in tokens) >= threshold * len(tokens):
+        return "sentencepiece"
+    if sum(token.endswith("@@") for token in tokens) >= threshold * len(tokens):
+        return "subword_nmt"
+    return None
+
+
 def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_based=False, beam=5, lenpen=1.0,
                  max_tokens=4096, batch_size=None, subword=None, detok_lang=None, compound_split=False,
                  reference=None, out_json=None, user_dir=USER_DIR, cpu=None,
@@ -244,14 +426,20 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
             ``update_based`` of its last N ``checkpoint_E_U.pt`` files).
         data_bin: the fairseq-preprocess output directory.
         subword: how the data were segmented: ``"subword_nmt"`` (``@@``),
-            ``"sentencepiece"``, or None; removed by fairseq-generate's --remove-bpe.
+            ``"sentencepiece"`` (or the data pipeline's ``bpe``/``spm-bpe``/``spm-unigram``),
+            ``"none"``; removed by fairseq-generate's --remove-bpe. None: the method
+            residual-fairseq-prepare recorded in the ``manifest.json`` beside ``data_bin``;
+            without one, a target dictionary full of subword marks is an error.
         detok_lang: target language for Moses detokenization, or None when the text
             was not Moses-tokenized (e.g. sentencepiece on raw text).
         compound_split: split ``a-b`` compounds before tokenized BLEU (WMT en-de).
         reference: a raw reference file for sacreBLEU (default: fairseq's T lines,
             detokenized with ``detok_lang``).
-        out_json: the result file (default ``<checkpoint dir>/eval-<subset>[-avgN].json``);
-            ``.generate.txt`` and ``.hyp.txt`` files are written beside it.
+        out_json: the result file (default ``<checkpoint dir>/eval-<subset>.json`` for
+            ``checkpoint_best.pt``, ``eval-<subset>-<checkpoint name>.json`` for another file,
+            ``eval-<subset>-avg<N>[-updates].json`` for an average); ``.generate.txt``
+            (+ ``.log``), ``.hyp.txt`` and, when averaging, ``.averaged.pt`` files are written
+            beside it, under its name less a final ``.json``.
         generate_args: extra fairseq-generate arguments, e.g. ``["--max-len-b", "50"]``.
         threads: CPU threads of fairseq-generate (default: inherited environment).
 
@@ -263,54 +451,82 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     if not data_bin.is_dir():
         raise UserError(f"data directory not found: {data_bin}")
     check_split(data_bin, subset)  # present, whole and matching its dictionaries
-    if out_json is not None:  # before averaging writes anything
-        check_output_file(out_json, "--out-json")
-    checkpoint_path, sources = resolve_checkpoint(checkpoint, last_n, update_based)
+    checkpoint_file, checkpoint_dir = pick_checkpoint(checkpoint, last_n)
+    flag = "--out-json"
     if out_json is None:
-        tag = f"-avg{last_n}" if last_n else ""
-        out_json = checkpoint_path.parent / f"eval-{subset}{tag}.json"
+        out_json = checkpoint_dir / default_result_name(subset, checkpoint_file, last_n, update_based)
+        flag = "the default --out-json"
     out_json = Path(out_json)
-    stem = out_json.with_suffix("")
-    generate_output = Path(f"{stem}.generate.txt")
+    files = result_files(out_json, averaged=bool(last_n))
+    for role, path in files.items():
+        check_output_file(path, flag if role == "result" else f"{flag} {out_json}: its side file")
+    # Everything is checked before anything is written or fairseq-generate runs.
+    sources = averaging.last_n_checkpoints(checkpoint_dir, last_n, update_based) if last_n else [str(checkpoint_file)]
+    inputs = [("a checkpoint being averaged" if last_n else "the checkpoint", path) for path in sources]
+    inputs += [("the --reference file", reference)] + data_input_files(data_bin, subset)
+    refuse_overwriting_inputs(files.values(), inputs, out_json, flag)
+    if reference is not None and not Path(reference).is_file():
+        raise UserError(f"--reference {reference}: no such file")
+    subword, subword_from = resolve_subword(subword, data_bin, subset)
 
-    for path in (out_json, generate_output, Path(f"{stem}.hyp.txt")):
-        check_output_file(path, "--out-json" if path == out_json else "output")
-    # A failed run must leave an earlier result intact: its JSON names the .generate.txt and
-    # .hyp.txt beside it, so the new ones are written under temporary names and moved into
-    # place together with the new JSON, only once everything has succeeded.
-    staged_generate = Path(f"{stem}.generate.txt.partial-{os.getpid()}")
-    staged_hypotheses = Path(f"{stem}.hyp.txt.partial-{os.getpid()}")
-    failed_generate = Path(f"{stem}.generate.failed.txt")
+    # A failed run must leave an earlier result intact: its JSON names the .generate.txt (+ .log),
+    # .hyp.txt and .averaged.pt beside it, so the new ones are written under temporary names and
+    # moved into place together with the new JSON, only once everything has succeeded.
+    staged = {role: Path(f"{files[role]}.partial-{os.getpid()}")
+              for role in ("generate_output", "generate_log", "hypotheses", "averaged") if role in files}
     try:
+        if last_n:
+            averaging.save_checkpoint_atomically(averaging.average_checkpoints(sources), staged["averaged"])
+            print(f"averaged {len(sources)} checkpoints (into {files['averaged']}):\n  " + "\n  ".join(sources),
+                  flush=True)
+            checkpoint_path = staged["averaged"]
+        else:
+            checkpoint_path = verify_checkpoint_file(checkpoint_file)
         with unsplittable_path(checkpoint_path) as generate_path:
             command = generate_command(generate_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
                                        subword, cpu, user_dir, generate_args)
-            run_generate(command, staged_generate, threads=threads, log_path=Path(f"{generate_output}.log"))
+            try:
+                run_generate(command, staged["generate_output"], threads=threads, log_path=staged["generate_log"])
+            except GenerateFailed as failed:
+                if staged["generate_log"].exists():
+                    os.replace(staged["generate_log"], files["failed_log"])
+                raise UserError(f"fairseq-generate exited {failed.returncode}: {failed.last_line} "
+                                f"(full log: {files['failed_log']})") from None
+        final_checkpoint = files["averaged"] if last_n else checkpoint_path
+        recorded_command = [str(final_checkpoint) if word == str(generate_path) else word for word in command]
         expected = binarized_size(data_bin, subset)
-        scores = score_generate_output(staged_generate, detok_lang=detok_lang, compound_split=compound_split,
-                                       reference=reference, hypotheses_path=staged_hypotheses)
+        scores = score_generate_output(staged["generate_output"], detok_lang=detok_lang,
+                                       compound_split=compound_split, reference=reference,
+                                       hypotheses_path=staged["hypotheses"])
         if scores["num_sentences"] != expected:
-            os.replace(staged_generate, failed_generate)
+            os.replace(staged["generate_output"], files["failed_output"])
+            if staged["generate_log"].exists():
+                os.replace(staged["generate_log"], files["failed_log"])
             raise UserError(f"fairseq-generate translated {scores['num_sentences']} of the {expected} sentences "
-                            f"of '{subset}' (see {failed_generate})")
-        scores.update(generate_output=str(generate_output), hypotheses=str(Path(f"{stem}.hyp.txt")))
+                            f"of '{subset}' (see {files['failed_output']})")
+        scores.update(generate_output=str(files["generate_output"]), hypotheses=str(files["hypotheses"]))
         result = {
-            "checkpoint": str(checkpoint_path),
+            "checkpoint": str(final_checkpoint),
             "averaged_from": sources if last_n else None,
+            "averaging": ({"last_n": last_n, "update_based": bool(update_based), "directory": str(checkpoint_dir),
+                           "checkpoints": sources, "averaged_checkpoint": str(files["averaged"])}
+                          if last_n else None),
             "data": str(data_bin),
             "subset": subset,
             "generation": {"beam": beam, "lenpen": lenpen, "max_tokens": max_tokens, "batch_size": batch_size,
-                           "subword": subword, "extra_args": list(generate_args)},
-            "generate_command": shlex.join(command),
+                           "subword": subword, "subword_from": subword_from, "extra_args": list(generate_args)},
+            "generate_command": shlex.join(recorded_command),
             **scores,
+            "generate_log": str(files["generate_log"]),
             "result_file": str(out_json),
         }
-        os.replace(staged_generate, generate_output)
-        os.replace(staged_hypotheses, Path(f"{stem}.hyp.txt"))
+        for role, path in staged.items():
+            if path.exists():  # (the log always is, unless fairseq-generate is replaced in a test)
+                os.replace(path, files[role])
     finally:
-        for staged in (staged_generate, staged_hypotheses):
-            if staged.exists():
-                staged.unlink()
+        for path in staged.values():
+            if path.exists():
+                path.unlink()
     write_json(result, out_json)
     return result
 
@@ -349,7 +565,9 @@ def build_parser():
     parser.add_argument("checkpoint", nargs="?", help="checkpoint file or checkpoint directory")
     parser.add_argument("data", nargs="?", help="fairseq-preprocess output directory (data-bin)")
     parser.add_argument("--subset", default="test", help="split to translate (default: test)")
-    parser.add_argument("--last-n", type=positive_int, help="average the last N epoch checkpoints of the directory")
+    parser.add_argument("--last-n", type=positive_int,
+                        help="average the last N epoch checkpoints of the directory (into <out>.averaged.pt, "
+                             "beside the result file)")
     parser.add_argument("--update-based", action="store_true",
                         help="with --last-n: average checkpoint_E_U.pt (update) checkpoints instead of epochs")
     parser.add_argument("--beam", type=int_at_least(1, 1000), default=5)
@@ -357,12 +575,19 @@ def build_parser():
     parser.add_argument("--max-tokens", type=positive_int, default=4096)
     parser.add_argument("--batch-size", type=positive_int)
     parser.add_argument("--subword", choices=sorted(REMOVE_BPE),
-                        help="how the data were segmented (removed with fairseq-generate --remove-bpe)")
+                        help="how the data were segmented (removed with fairseq-generate --remove-bpe; default: "
+                             "the method in the manifest.json residual-fairseq-prepare wrote beside the data "
+                             "directory; without one, a dictionary full of subword marks is an error)")
     parser.add_argument("--detok-lang", help="Moses-detokenize with this language (when the data were tokenized)")
     parser.add_argument("--compound-split", action="store_true",
                         help="split a-b compounds before tokenized BLEU (compound_split_bleu.sh, WMT en-de)")
     parser.add_argument("--reference", help="raw reference file for sacreBLEU (default: detokenized T lines)")
-    parser.add_argument("--out-json", help="result file (default: <checkpoint dir>/eval-<subset>[-avgN].json)")
+    parser.add_argument("--out-json",
+                        help="result file; its .hyp.txt, .generate.txt(.log) and (averaging) .averaged.pt are "
+                             "written beside it, under its name less a final .json (default: <checkpoint dir>/"
+                             "eval-<subset>.json for checkpoint_best.pt, eval-<subset>-<checkpoint>.json for "
+                             "another file, eval-<subset>-avgN[-updates].json with --last-n; language models: "
+                             "eval-lm-<subset>[-<checkpoint>].json)")
     parser.add_argument("--cpu", action="store_true", default=None, help="generate on CPU (default: CPU without CUDA)")
     parser.add_argument("--generate-args", type=shell_words, default=[],
                         help="extra fairseq-generate arguments, one shell-quoted string, e.g. '--max-len-b 50'")
@@ -382,12 +607,45 @@ def is_language_model_data(data) -> bool:
     return (Path(data) / "dict.txt").is_file() and not any(Path(data).glob("dict.*.txt"))
 
 
+# Options that only one kind of evaluation reads; given to another, they would be silently ignored.
+TRANSLATION_ONLY = ("last_n", "update_based", "beam", "lenpen", "batch_size", "subword", "detok_lang",
+                    "compound_split", "reference")
+LANGUAGE_MODEL_ONLY = ("tokens_per_sample", "context_window")
+GENERATION_ONLY = ("subset", "last_n", "update_based", "beam", "lenpen", "max_tokens", "batch_size", "subword",
+                   "cpu", "generate_args", "tokens_per_sample", "context_window", "threads")
+
+
+def explicit_options(argv):
+    """The dests of the options given on the command line (not merely defaulted)."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def refuse_options(given, dests, why: str) -> None:
+    flags = {action.dest: action.option_strings[0] for action in build_parser()._actions if action.option_strings}
+    named = [flags[dest] for dest in dests if dest in given]
+    if named:
+        raise UserError(f"{', '.join(named)} {'does' if len(named) == 1 else 'do'} not apply {why}: leave "
+                        f"{'it' if len(named) == 1 else 'them'} out")
+
+
 def evaluate_language_model_cli(args, threads=None):
     from .language_models import evaluate_lm
 
     checkpoint = Path(args.checkpoint)
-    checkpoint_dir = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    out_json = args.out_json or checkpoint_dir / f"eval-lm-{args.subset}.json"
+    checkpoint_file = checkpoint / "checkpoint_best.pt" if checkpoint.is_dir() else checkpoint
+    flag = "--out-json"
+    out_json = args.out_json
+    if out_json is None:
+        out_json = checkpoint_file.parent / default_result_name(args.subset, checkpoint_file, kind="eval-lm")
+        flag = "the default --out-json"
+        check_output_file(out_json, flag)
+    data_bin = Path(args.data)
+    inputs = [("the checkpoint", checkpoint_file)] + (data_input_files(data_bin, args.subset) if data_bin.is_dir()
+                                                      else [])
+    refuse_overwriting_inputs([out_json], inputs, out_json, flag)
     result = evaluate_lm(checkpoint, args.data, subset=args.subset, tokens_per_sample=args.tokens_per_sample,
                          context_window=args.context_window, max_tokens=args.max_tokens, cpu=args.cpu,
                          extra_args=args.generate_args, out_json=out_json, threads=threads)
@@ -402,9 +660,19 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.out_json:
         check_output_file(args.out_json, "--out-json")
+    given = explicit_options(argv)
     if args.from_generate_output:
         if args.checkpoint or args.data:
             raise UserError("--from-generate-output scores an existing output: give no checkpoint or data")
+        refuse_options(given, GENERATION_ONLY, "with --from-generate-output (it only scores an existing output)")
+        if args.out_json:
+            refuse_overwriting_inputs([args.out_json], [("the --from-generate-output file", args.from_generate_output),
+                                                        ("the --reference file", args.reference)], args.out_json)
+        hypotheses, _ = read_generate_output(args.from_generate_output)
+        marks = generate_output_segmentation(hypotheses)
+        if marks:
+            print(f"warning: the hypotheses in {args.from_generate_output} still carry {marks} subword marks: "
+                  f"was fairseq-generate run without --remove-bpe {REMOVE_BPE[marks]}?", file=sys.stderr, flush=True)
         result = score_generate_output(args.from_generate_output, detok_lang=args.detok_lang,
                                        compound_split=args.compound_split, reference=args.reference)
         if args.out_json:
@@ -413,6 +681,12 @@ def main(argv=None):
     else:
         if not (args.checkpoint and args.data):
             raise UserError("give a checkpoint (file or directory) and a data directory, or --from-generate-output")
+        if is_language_model_data(args.data):
+            refuse_options(given, TRANSLATION_ONLY,
+                           f"to language-model data ({args.data} holds one dict.txt: perplexity by fairseq-eval-lm)")
+        else:
+            refuse_options(given, LANGUAGE_MODEL_ONLY, f"to translation data ({args.data} holds dict.<lang>.txt files; "
+                                                         f"these are fairseq-eval-lm options for language models)")
         threads, source = resolve_threads(args.threads)
         print(threads_note(threads, source), flush=True)
         if is_language_model_data(args.data):

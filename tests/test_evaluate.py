@@ -1,12 +1,15 @@
 """Evaluation: checkpoint averaging, fairseq-generate wiring, BLEU/chrF scoring."""
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
 from sacremoses import MosesTokenizer
 
+from helpers import user_error
 from residual_fairseq import average_checkpoints as averaging
 from residual_fairseq import evaluate
 from residual_fairseq.scoring import split_compounds, tokenized_bleu
@@ -51,6 +54,9 @@ def test_averaged_checkpoint_is_the_mean_of_the_last_n(toy_run):
     expected_sources = [str(save_dir / f"checkpoint{epoch}.pt")
                         for epoch in range(TOY_EPOCHS, TOY_EPOCHS - AVERAGE_LAST, -1)]
     assert result["averaged_from"] == expected_sources
+    # Averaged beside the result file; nothing is written into the checkpoint directory.
+    assert result["checkpoint"] == str(save_dir / "eval" / "test.averaged.pt")
+    assert not list(save_dir.glob("checkpoint.avg*"))
     sources = [torch.load(path, map_location="cpu", weights_only=True)["model"] for path in expected_sources]
     averaged = torch.load(result["checkpoint"], map_location="cpu", weights_only=True)
     assert set(averaged["model"]) == set(sources[0])
@@ -188,3 +194,180 @@ def test_evaluate_cli_errors_are_one_line(tmp_path, toy_data_bin, capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(expected) and "\n" not in err, err
+
+
+# --- result files, inputs and options (no fairseq-generate: it is faked or never reached) ----------------
+
+def fake_run_generate(calls, sentences=40):
+    """A stand-in for fairseq-generate that 'translates' every test sentence perfectly."""
+    def run_generate(command, output_path, threads=None, log_path=None):
+        calls.append(list(command))
+        Path(output_path).parent.mkdir(parents=True, exist_ok=True)  # as the real one does
+        Path(log_path).write_text("fake log\n")
+        Path(output_path).write_text("".join(f"S-{i}\tw{i}\nT-{i}\tW{i} W1\nH-{i}\t-0.5\tW{i} W1\n"
+                                             for i in range(sentences)))
+    return run_generate
+
+
+def linked_checkpoints(save_dir, directory, names=("checkpoint10.pt", "checkpoint11.pt", "checkpoint12.pt",
+                                                   "checkpoint_best.pt")):
+    directory.mkdir()
+    for name in names:
+        (directory / name).symlink_to(save_dir / name)
+    return directory
+
+
+def test_result_side_files_and_default_names_do_not_collide(toy_run, toy_data_bin, tmp_path, monkeypatch):
+    save_dir, _ = toy_run
+    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    ck = linked_checkpoints(save_dir, tmp_path / "ck")
+    # Two checkpoints of one run, and its checkpoint_best.pt, each get their own default result.
+    for checkpoint, name in ((ck / "checkpoint11.pt", "eval-test-checkpoint11.json"),
+                             (ck / "checkpoint12.pt", "eval-test-checkpoint12.json"), (ck, "eval-test.json")):
+        result = evaluate.evaluate_run(checkpoint, toy_data_bin)
+        assert result["result_file"] == str(ck / name)
+    assert json.loads((ck / "eval-test-checkpoint11.json").read_text())["checkpoint"] == str(ck / "checkpoint11.pt")
+    assert json.loads((ck / "eval-test-checkpoint12.json").read_text())["checkpoint"] == str(ck / "checkpoint12.pt")
+    assert evaluate.default_result_name("test", None, 5, update_based=True) == "eval-test-avg5-updates.json"
+    # A dot in --out-json is not a suffix: only a final .json is stripped for the side files.
+    for lenpen in ("0.6", "0.8"):
+        evaluate.evaluate_run(ck / "checkpoint12.pt", toy_data_bin, lenpen=float(lenpen),
+                              out_json=tmp_path / "lp" / f"eval-lenpen{lenpen}")
+    for lenpen in ("0.6", "0.8"):
+        written = json.loads((tmp_path / "lp" / f"eval-lenpen{lenpen}").read_text())
+        assert f"--lenpen {lenpen}" in written["generate_command"]
+        for field, suffix in (("hypotheses", "hyp.txt"), ("generate_output", "generate.txt"),
+                              ("generate_log", "generate.txt.log")):
+            assert written[field] == str(tmp_path / "lp" / f"eval-lenpen{lenpen}.{suffix}")
+            assert Path(written[field]).is_file()
+    assert len(calls) == 5
+
+
+def test_averaging_writes_beside_the_result_not_into_the_checkpoint_dir(toy_run, toy_data_bin, tmp_path,
+                                                                         monkeypatch):
+    save_dir, _ = toy_run
+    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    ck = linked_checkpoints(save_dir, tmp_path / "ck")
+    before = sorted(p.name for p in ck.iterdir())
+    ck.chmod(0o555)  # read-only (root writes anyway: the listing below is the real check)
+    try:
+        result = evaluate.evaluate_run(ck, toy_data_bin, last_n=2, out_json=tmp_path / "out" / "r.json")
+    finally:
+        ck.chmod(0o755)
+    assert sorted(p.name for p in ck.iterdir()) == before
+    averaged = tmp_path / "out" / "r.averaged.pt"
+    sources = [str(ck / "checkpoint12.pt"), str(ck / "checkpoint11.pt")]
+    assert result["checkpoint"] == str(averaged) and result["averaged_from"] == sources
+    assert result["averaging"] == {"last_n": 2, "update_based": False, "directory": str(ck), "checkpoints": sources,
+                                   "averaged_checkpoint": str(averaged)}
+    # fairseq-generate read a staged copy; the result names the file that stays.
+    assert f"--path {averaged} " in result["generate_command"] and str(averaged) not in calls[0]
+    weights = [torch.load(path, map_location="cpu", weights_only=True)["model"] for path in [averaged] + sources]
+    name = next(n for n in weights[0] if n.endswith("fc1.weight"))
+    assert torch.allclose(weights[0][name], (weights[1][name] + weights[2][name]) / 2, atol=1e-6)
+    assert sorted(p.name for p in averaged.parent.iterdir()) == [
+        "r.averaged.pt", "r.generate.txt", "r.generate.txt.log", "r.hyp.txt", "r.json"]
+
+
+def test_failed_generate_keeps_the_earlier_log(toy_run, toy_data_bin, tmp_path, monkeypatch):
+    save_dir, _ = toy_run
+    out = tmp_path / "r.json"
+    earlier = {out: "{}\n", tmp_path / "r.generate.txt": "earlier\n", tmp_path / "r.generate.txt.log": "earlier log\n"}
+    for path, text in earlier.items():
+        path.write_text(text)
+    # The real run_generate, running a command that logs and fails the way fairseq-generate can.
+    monkeypatch.setattr(evaluate, "generate_command",
+                        lambda *args: ["sh", "-c", "echo 'some progress' >&2; echo 'ValueError: bad' >&2; exit 3"])
+    with pytest.raises(evaluate.UserError) as failed:
+        evaluate.evaluate_run(save_dir / "checkpoint12.pt", toy_data_bin, out_json=out)
+    failed_log = tmp_path / "r.generate.failed.txt.log"
+    assert str(failed.value) == f"fairseq-generate exited 3: ValueError: bad (full log: {failed_log})"
+    assert {path: path.read_text() for path in earlier} == earlier
+    assert failed_log.read_text() == "some progress\nValueError: bad\n"
+    assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_outputs_that_are_inputs_are_refused(toy_run, toy_data_bin, tmp_path, capsys):
+    save_dir, _ = toy_run
+    ck = linked_checkpoints(save_dir, tmp_path / "ck")
+    model = ck / "checkpoint12.pt"
+    model_bytes = model.read_bytes()
+    (tmp_path / "link.json").symlink_to(model)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "x.hyp.txt").write_text("a reference\n")
+    generated = fake_generate_output(tmp_path / "gen.txt", RAW_HYPOTHESES, RAW_REFERENCES)
+    cases = [
+        ([model, toy_data_bin, "--out-json", model], f"--out-json {model} would overwrite the checkpoint {model}"),
+        ([model, toy_data_bin, "--out-json", tmp_path / "link.json"], "would overwrite the checkpoint"),
+        ([ck, toy_data_bin, "--last-n", "2", "--out-json", ck / "checkpoint11.pt"],
+         "would overwrite a checkpoint being averaged"),
+        ([model, toy_data_bin, "--out-json", tmp_path / "r" / "x.json", "--reference", tmp_path / "r" / "x.hyp.txt"],
+         f"(its side file {tmp_path / 'r' / 'x.hyp.txt'}) would overwrite the --reference file"),
+        ([model, toy_data_bin, "--out-json", toy_data_bin / "dict.tgt.txt"], "would overwrite the data file"),
+        (["--from-generate-output", generated, "--out-json", generated],
+         "would overwrite the --from-generate-output file"),
+    ]
+    for argv, expected in cases:
+        line = user_error(capsys, evaluate.main, argv)
+        assert expected in line, line
+    assert model.is_symlink() and model.read_bytes() == model_bytes
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "r" / "x.hyp.txt").read_text() == "a reference\n"
+    assert generated.read_text().startswith("2026 | INFO")
+    assert not list(tmp_path.rglob("*.partial-*")) and not list(tmp_path.rglob("*.averaged.pt"))
+
+
+def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
+    save_dir, _ = toy_run
+    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    lm_data = tmp_path / "lm"
+    lm_data.mkdir()
+    (lm_data / "dict.txt").write_text("w1 1\n")
+    model = save_dir / "checkpoint12.pt"
+    line = user_error(capsys, evaluate.main, [model, lm_data, "--last-n", "5", "--reference", "nonexist.txt",
+                                              "--beam", "5"])
+    assert line.startswith("error: --last-n, --beam, --reference do not apply to language-model data"), line
+    line = user_error(capsys, evaluate.main, [model, toy_data_bin, "--context-window", "8"])
+    assert line.startswith("error: --context-window does not apply to translation data"), line
+    generated = fake_generate_output(tmp_path / "gen.txt", RAW_HYPOTHESES, RAW_REFERENCES)
+    line = user_error(capsys, evaluate.main, ["--from-generate-output", generated, "--subword", "sentencepiece"])
+    assert line.startswith("error: --subword does not apply with --from-generate-output"), line
+    assert calls == []
+    # An output scored without subword removal is scored, with a warning.
+    marked = tmp_path / "marked.txt"
+    marked.write_text("".join(f"T-{i}\t\u2581W{i} \u2581W1\nH-{i}\t-0.5\t\u2581W{i} \u2581W1\n" for i in range(3)))
+    evaluate.main(["--from-generate-output", str(marked)])
+    captured = capsys.readouterr()
+    assert "warning: the hypotheses in" in captured.err and "--remove-bpe sentencepiece" in captured.err
+    assert "3 sentences" in captured.out
+
+
+def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
+    save_dir, _ = toy_run
+    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    model = save_dir / "checkpoint12.pt"
+    prepared = tmp_path / "prepared"
+    shutil.copytree(toy_data_bin, prepared / "bin")
+    manifest = {"format": 1, "dataset": "custom", "source_lang": "src", "target_lang": "tgt", "settings": {},
+                "subword": {"method": "spm-bpe", "model": "spm.model"}, "files": {}, "binarized": "bin"}
+    (prepared / "manifest.json").write_text(json.dumps(manifest))
+    result = evaluate.evaluate_run(model, prepared / "bin", out_json=tmp_path / "a.json")
+    assert calls[-1][calls[-1].index("--remove-bpe") + 1] == "sentencepiece"
+    assert result["generation"]["subword"] == "spm-bpe"
+    assert result["generation"]["subword_from"] == str((prepared / "manifest.json").resolve())
+    result = evaluate.evaluate_run(model, prepared / "bin", subword="none", out_json=tmp_path / "b.json")
+    assert "--remove-bpe" not in calls[-1] and result["generation"]["subword_from"] == "--subword"
+    # Without a manifest, a dictionary that is clearly segmented is refused before generating.
+    (prepared / "manifest.json").unlink()
+    n_calls = len(calls)
+    dictionary = prepared / "bin" / "dict.tgt.txt"
+    original = dictionary.read_text()
+    dictionary.write_text("".join("\u2581" + line + "\n" for line in original.splitlines()))
+    line = user_error(capsys, evaluate.main, [model, prepared / "bin", "--out-json", tmp_path / "c.json"])
+    assert "carry subword marks" in line and "give --subword sentencepiece" in line, line
+    dictionary.write_text("".join(line.replace(" ", "@@ ", 1) + "\n" for line in original.splitlines()))
+    line = user_error(capsys, evaluate.main, [model, prepared / "bin", "--out-json", tmp_path / "c.json"])
+    assert "give --subword subword_nmt" in line, line
+    assert len(calls) == n_calls and not (tmp_path / "c.json").exists()
+    # An explicit --subword wins; unmarked data need none.
+    assert evaluate.resolve_subword("none", prepared / "bin") == ("none", "--subword")
+    assert evaluate.resolve_subword(None, toy_data_bin) == (None, None)
