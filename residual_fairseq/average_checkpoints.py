@@ -7,7 +7,9 @@ fairseq-generate, fairseq-interactive and ``from_pretrained`` load it like any o
 
 Every input is read once and checked before it is unpickled
 (:func:`residual_fairseq.safe_checkpoints.read_checkpoint`: no code, no memory bombs,
-a fairseq layout), and the inputs must agree in parameter names, shapes and dtypes.
+a fairseq layout), and the inputs must agree in parameter names, shapes and dtypes,
+and in architecture, task, language pair and the options that change what the model
+computes (:data:`MODEL_DEFINING_OPTIONS`).
 
     residual-fairseq-average-checkpoints --inputs checkpoints/ --num-epoch-checkpoints 5 \\
         --output checkpoints/checkpoint.avg5.pt
@@ -21,11 +23,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .argtypes import check_output_file
+from .argtypes import check_output_file, positive_int
 from .atomic import atomic_output
 from .errors import UserError, cli_main
 from .runtime import add_verbose_flag
-from .safe_checkpoints import read_checkpoint
+from .safe_checkpoints import checkpoint_architecture, checkpoint_task, read_checkpoint
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")      # checkpoint_3_5000.pt
@@ -76,6 +78,39 @@ def check_same_model(params, reference, path, reference_path) -> None:
                             f"vs {shape} {dtype}: not the same model")
 
 
+# Options that change what a model computes beyond its parameters' shapes (which
+# check_same_model compares): inputs that differ in one are different models, and their
+# average would be loaded as the first one's.
+MODEL_DEFINING_OPTIONS = (
+    "encoder_normalize_before", "decoder_normalize_before", "normalize_before",
+    "dual_scale_encoder", "dual_scale_decoder", "main_alpha_encoder", "main_alpha_decoder",
+    "activation_fn", "no_scale_embedding", "layernorm_embedding", "no_token_positional_embeddings",
+    "encoder_learned_pos", "decoder_learned_pos", "share_all_embeddings", "share_decoder_input_output_embed",
+    "cross_self_attention", "no_decoder_final_norm", "scale_attn", "scale_fc", "scale_heads", "scale_resids",
+)
+
+
+def model_definition(state) -> dict:
+    """The architecture, task, language pair and :data:`MODEL_DEFINING_OPTIONS` of a checkpoint."""
+    config = state["args"] if state.get("args") is not None else (state.get("cfg") or {}).get("model")
+    flat = dict(vars(config)) if isinstance(config, argparse.Namespace) else dict(config or {})
+    for stack in ("encoder", "decoder"):  # a hydra config nests them: encoder.normalize_before
+        nested = flat.get(stack)
+        nested = vars(nested) if isinstance(nested, argparse.Namespace) else nested
+        if isinstance(nested, dict):
+            flat.update({f"{stack}_{name}": value for name, value in nested.items() if f"{stack}_{name}" not in flat})
+    task, source_lang, target_lang = checkpoint_task(state)
+    return {"architecture": checkpoint_architecture(state), "task": task, "source language": source_lang,
+            "target language": target_lang, **{name: flat.get(name) for name in MODEL_DEFINING_OPTIONS}}
+
+
+def check_same_definition(definition, reference, path, reference_path) -> None:
+    for name, value in definition.items():
+        if value != reference[name]:
+            raise UserError(f"{path} and {reference_path} are different models: {name} "
+                            f"{str(value)[:40]} vs {str(reference[name])[:40]}")
+
+
 def average_checkpoints(paths: Sequence[str]) -> dict:
     """The state of ``paths[0]`` with its model parameters averaged over all ``paths``.
 
@@ -92,8 +127,10 @@ def average_checkpoints(paths: Sequence[str]) -> dict:
         if new_state is None:
             new_state = state
             reference = {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in params.items()}
+            reference_definition = model_definition(state)
         else:
             check_same_model(params, reference, path, paths[0])
+            check_same_definition(model_definition(state), reference_definition, path, paths[0])
         for name, tensor in params.items():
             tensor = tensor.float() if tensor.is_floating_point() else tensor
             sums[name] = tensor.clone() if name not in sums else sums[name] + tensor
@@ -129,12 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint files, or one directory with --num-epoch-checkpoints/--num-update-checkpoints")
     parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     count = parser.add_mutually_exclusive_group()
-    count.add_argument("--num-epoch-checkpoints", type=int,
+    count.add_argument("--num-epoch-checkpoints", type=positive_int,
                        help="average the last N epoch checkpoints (checkpointN.pt) of the --inputs directory")
-    count.add_argument("--num-update-checkpoints", type=int,
+    count.add_argument("--num-update-checkpoints", type=positive_int,
                        help="average the last N update checkpoints (checkpoint_E_U.pt) of the --inputs directory")
-    parser.add_argument("--checkpoint-upper-bound", type=int,
-                        help="ignore checkpoints after this epoch / update number")
+    parser.add_argument("--checkpoint-upper-bound", type=positive_int,
+                        help="with --num-epoch/update-checkpoints: ignore checkpoints after this epoch / update number")
     add_verbose_flag(parser)
     return parser
 
@@ -144,9 +181,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     check_output_file(args.output, "--output")
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if n is None and args.checkpoint_upper_bound is not None:
+        raise UserError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
     if n is not None:
-        if n < 1:
-            raise UserError(f"the number of checkpoints to average must be at least 1, got {n}")
         if len(args.inputs) != 1:
             raise UserError("with --num-epoch-checkpoints/--num-update-checkpoints, --inputs is one directory")
         paths = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,

@@ -422,7 +422,29 @@ def test_averaging_refuses_checkpoints_of_different_models(real, tmp_path, capsy
         line = user_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(tmp_path / f"{kind}.pt"),
                                                              "--output", str(tmp_path / "avg.pt")], only_line=True)
         assert "not the same model" in line and name in line, line
+    # Same shapes, different models: another residual scheme, another scale of the dual
+    # stream, another architecture name, another language pair.
+    definitions = {
+        "encoder_normalize_before": with_model_options(good, encoder_normalize_before=True),
+        "dual_scale_decoder": with_model_options(good, dual_scale_decoder=0.05),
+        "architecture": with_model_options(args_layout(good), arch="transformer_tiny"),
+        "source language": {**good, "cfg": {**good["cfg"], "task": {**good["cfg"]["task"], "source_lang": "de"}}},
+    }
+    for option, state in definitions.items():
+        torch.save(state, tmp_path / "other.pt")
+        line = user_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(tmp_path / "other.pt"),
+                                                             "--output", str(tmp_path / "avg.pt")], only_line=True)
+        assert f"are different models: {option} " in line, line
     assert not (tmp_path / "avg.pt").exists()
+    # The same model in the older layout (args) averages with it.
+    torch.save(args_layout(good), tmp_path / "args.pt")
+    average_checkpoints.main(["--inputs", str(real), str(tmp_path / "args.pt"), "--output", str(tmp_path / "avg.pt")])
+    assert (tmp_path / "avg.pt").is_file()
+    for argv, refusal in ((["--num-epoch-checkpoints", "0"], "must be at least 1"),
+                          (["--checkpoint-upper-bound", "3"], "--checkpoint-upper-bound needs --num-epoch-checkpoints")):
+        line = user_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(real), "--output",
+                                                             str(tmp_path / "avg2.pt"), *argv])
+        assert refusal in line, line
 
 
 # --- the train driver -------------------------------------------------------------------------
