@@ -29,16 +29,31 @@ from typing import List, Optional, Sequence, Union
 from . import USER_DIR
 from .atomic import write_text_atomically
 from .errors import UserError
+from .passthrough import refuse_flags
 from .runtime import fairseq_executable, quiet_hub_batches, thread_environment
-from .safe_checkpoints import read_checkpoint, verify_checkpoint_file
+from .safe_checkpoints import read_checkpoint
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
 _TOKENS_LINE = re.compile(r"Evaluated ([0-9,]+) tokens")
+
+# fairseq-eval-lm flags that eval_lm_command sets itself (and --task, which the checkpoint's
+# language_modeling must keep): given again in the extra args, the later one would win and
+# fairseq would score another split, window or model than the printed result says.
+EVAL_LM_OWN_FLAGS = ("--path", "--user-dir", "--gen-subset", "--tokens-per-sample", "--context-window",
+                     "--max-tokens", "--sample-break-mode", "--cpu", "--task")
+
+
+def check_eval_lm_extra_args(extra_args) -> None:
+    """Refuse extra fairseq-eval-lm flags that would override the evaluation's own settings."""
+    refuse_flags(extra_args, EVAL_LM_OWN_FLAGS,
+                 "in the extra fairseq-eval-lm arguments: the evaluation sets it itself (residual-fairseq-evaluate's "
+                 "own --subset, --tokens-per-sample, --context-window, --max-tokens, --cpu)")
 
 
 def eval_lm_command(checkpoint, data_bin, subset="test", tokens_per_sample=512, context_window=400,
                     max_tokens=4096, cpu=None, extra_args=()) -> List[str]:
     """The ``fairseq-eval-lm`` command line (fairseq's README: --tokens-per-sample 512 --context-window 400)."""
+    check_eval_lm_extra_args(extra_args)
     if not 0 <= context_window < tokens_per_sample:
         raise UserError(f"--context-window must be at least 0 and below --tokens-per-sample "
                         f"({tokens_per_sample}), got {context_window}")
@@ -76,15 +91,17 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
                 max_tokens=4096, cpu=None, extra_args=(), out_json=None, threads=None) -> dict:
     """Perplexity of ``subset`` under a language-model checkpoint (file, or directory: its checkpoint_best.pt).
 
+    ``extra_args``: more fairseq-eval-lm flags (not those the evaluation sets itself).
     ``threads``: CPU threads of fairseq-eval-lm (default: the inherited environment).
     """
     from .data.binarized import check_language_model_data
     from .evaluate import unsplittable_path
 
+    check_eval_lm_extra_args(extra_args)
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
-    verify_checkpoint_file(checkpoint)
+    check_language_model_checkpoint(read_checkpoint(checkpoint), checkpoint)
     data_bin = Path(data_bin)
     if not (data_bin / "dict.txt").is_file():
         raise UserError(f"{data_bin} holds no language-model dictionary (dict.txt): pass the prepared bin/ directory")
@@ -126,18 +143,47 @@ class LanguageModel:
         """Continue each prompt: beam search (``beam=5``) or sampling (``sampling=True``,
         ``sampling_topk``/``sampling_topp``, ``temperature``); returns prompt + continuation.
 
-        ``max_len_b`` is fairseq's: the most tokens in all, the prompt's included.
+        ``max_len_b`` is fairseq's: the most tokens in all, the prompt's included (with
+        ``max_len_a`` in ``options``: ``max_len_a * (longest prompt + 1) + max_len_b``),
+        so it must exceed the prompt's length in tokens (after the subword model); a
+        smaller one is refused (fairseq would return the prompt cut to that length).
         """
         if isinstance(prompts, str):
             return self.sample([prompts], beam, sampling, max_len_b, **options)[0]
         prompts = list(prompts)
         if not prompts:
             return []
+        self._check_room(prompts, max_len_b, options.get("max_len_a", 0))
         with quiet_hub_batches():
             return self.hub.sample(prompts, beam=beam, sampling=sampling, max_len_b=max_len_b, **options)
 
+    def prompt_tokens(self, text: str) -> int:
+        """How many tokens fairseq sees for ``text`` (after the subword model; no </s>)."""
+        return len(self.hub.encode(text)) - 1  # encode appends </s>
+
+    def _check_room(self, prompts, max_len_b, max_len_a=0) -> None:
+        """UserError unless fairseq's length limit leaves room for at least one token after
+        every prompt (its SequenceGenerator: min(max_len_a * src_len + max_len_b, positions - 1),
+        src_len the longest prompt plus the </s> that starts it)."""
+        lengths = [self.prompt_tokens(prompt) for prompt in prompts]
+        longest = max(lengths)
+        prompt = prompts[lengths.index(longest)]
+        shown = prompt if len(prompt) <= 40 else prompt[:40] + "..."
+        positions = min(model.max_decoder_positions() for model in self.hub.models)
+        if longest >= positions - 1:
+            raise UserError(f"the prompt {shown!r} is {longest} tokens: the model's {positions} positions leave "
+                            "no room for a continuation")
+        limit = int(max_len_a * (longest + 1) + max_len_b)
+        if limit <= longest:
+            raise UserError(f"max_len_b={max_len_b} counts the prompt's tokens too (fairseq's limit on prompt + "
+                            f"continuation): the prompt {shown!r} is {longest} tokens, so nothing would be "
+                            f"generated (fairseq would return the prompt cut to {max(limit, 0)} tokens); "
+                            f"give max_len_b above {longest - int(max_len_a * (longest + 1))}")
+
     def perplexity(self, text: str) -> float:
         """Perplexity of one line of text (each token scored given the tokens before it)."""
+        if self.prompt_tokens(text) < 1:
+            raise UserError(f"perplexity of {text!r}: the text has no tokens to score")
         with quiet_hub_batches():
             scores = self.hub.score(text)["positional_scores"]
         return float(scores.mean().neg().exp())
@@ -164,10 +210,7 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
     if checkpoint.is_dir():
         checkpoint = checkpoint / "checkpoint_best.pt"
     state = read_checkpoint(checkpoint)  # read once and checked; the model is built from this state
-    task, stored_data = _stored_task(state)
-    if task != "language_modeling":
-        raise UserError(f"{checkpoint} is a {task or 'unknown-task'} checkpoint, not a language model "
-                        "(for translation models use residual_fairseq.translate)")
+    stored_data = check_language_model_checkpoint(state, checkpoint)
     if data is None:
         if not stored_data:
             raise UserError(f"{checkpoint} does not say where its data were: pass --data the prepared bin/")
@@ -187,6 +230,16 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
             hub.cuda()
     hub.eval()
     return LanguageModel(hub)
+
+
+def check_language_model_checkpoint(state: dict, checkpoint) -> Optional[str]:
+    """UserError unless a verified checkpoint state is a language model; returns its stored data directory."""
+    task, stored_data = _stored_task(state)
+    if task != "language_modeling":
+        raise UserError(f"{checkpoint} is a {task or 'unknown-task'} checkpoint, not a language model "
+                        "(for translation models use residual_fairseq.translate / residual-fairseq-evaluate "
+                        "with translation data)")
+    return stored_data
 
 
 def _stored_task(state: dict):

@@ -34,6 +34,7 @@ from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import write_text_atomically
 from .data.pipeline import is_prepare_manifest, read_manifest
 from .errors import UserError, cli_main
+from .passthrough import refuse_flags
 from .reproduce_report import dig, is_language_model, is_number, write_reports
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .variants import VARIANTS
@@ -178,13 +179,36 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
                         **options)
 
 
+# evaluate_lm's keyword arguments that an evaluation override may set; "generate_args"
+# (--generate-args) are its extra fairseq-eval-lm flags.
+LM_EVALUATION_OPTIONS = ("tokens_per_sample", "context_window", "max_tokens", "extra_args")
+
+
+def language_model_evaluation_options(dataset: str, eval_overrides=None) -> dict:
+    """evaluate_lm keyword arguments: the dataset's, then ``eval_overrides`` (``generate_args``
+    become the extra fairseq-eval-lm flags). A translation-only override (``beam``,
+    ``lenpen``...) is refused: perplexity has no decoding to change."""
+    overrides = dict(eval_overrides or {})
+    if "generate_args" in overrides:
+        overrides["extra_args"] = list(overrides.pop("generate_args") or ())
+    unused = [key for key, value in overrides.items() if key not in LM_EVALUATION_OPTIONS and value is not None]
+    if unused:
+        flags = ", ".join("--" + key.replace("_", "-") for key in unused)
+        raise UserError(f"{flags}: {dataset} is a language-model dataset, scored by perplexity with "
+                        f"fairseq-eval-lm: there is no decoding for {flags} to change")
+    options = {**configs.DATASETS[dataset].evaluation, **overrides}
+    options = {key: value for key, value in options.items() if key in LM_EVALUATION_OPTIONS}
+    from .language_models import check_eval_lm_extra_args
+
+    check_eval_lm_extra_args(options.get("extra_args", ()))
+    return options
+
+
 def evaluate_language_model(run: Run, eval_overrides=None, dry_run: bool = False, threads=None) -> Optional[dict]:
     """Test perplexity with fairseq-eval-lm and the dataset's context-window settings."""
     from .language_models import eval_lm_command, evaluate_lm
 
-    options = {**configs.DATASETS[run.dataset].evaluation, **(eval_overrides or {})}
-    options = {key: value for key, value in options.items() if key in ("tokens_per_sample", "context_window",
-                                                                       "max_tokens", "extra_args")}
+    options = language_model_evaluation_options(run.dataset, eval_overrides)
     if dry_run:
         checkpoint = run.save_dir / "checkpoint_best.pt"
         print("would evaluate: " + shlex.join(eval_lm_command(checkpoint, run.data, **options)), flush=True)
@@ -202,6 +226,14 @@ def reproduce(runs: List[Run], out: Path, nprocs: int = 1, extra_args=(), eval_o
     runs go on. Raises UserError at the end when any run failed. ``report`` False skips
     the tables (a driver started by :func:`run_in_parallel`: its parent writes them).
     """
+    # Before anything trains: flags after -- and evaluation overrides that cannot be honoured.
+    check_passthrough(extra_args)
+    overrides = eval_overrides or {}
+    datasets = list(dict.fromkeys(run.dataset for run in runs))
+    check_evaluation_options(datasets, overrides.get("beam"), overrides.get("generate_args") or ())
+    for dataset in datasets:
+        if is_language_model(dataset):
+            language_model_evaluation_options(dataset, eval_overrides)
     if jobs > 1 and not dry_run:
         failed = run_in_parallel(runs, jobs, nprocs, extra_args, eval_overrides, threads, verbose)
     else:
@@ -253,7 +285,8 @@ def driver_command(run: Run, nprocs: int, extra_args, eval_overrides, threads: i
     if overrides.get("beam") is not None:
         command += ["--beam", str(overrides["beam"])]
     if overrides.get("generate_args"):
-        command += ["--generate-args", shlex.join(overrides["generate_args"])]
+        # One word: a value that starts with "-" ("--no-repeat-ngram-size=3") would be taken as a flag.
+        command.append("--generate-args=" + shlex.join(overrides["generate_args"]))
     if verbose:
         command.append("--verbose")
     return command + ["--", *extra_args]
@@ -377,9 +410,11 @@ def build_parser():
     parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1])
     parser.add_argument("--out", required=True, help="runs and reports go here")
     parser.add_argument("--nprocs", type=positive_int, default=1, help="processes per training (see residual-fairseq-train)")
-    parser.add_argument("--beam", type=int_at_least(1, 1000), help="test-set beam size (default: the dataset's)")
+    parser.add_argument("--beam", type=int_at_least(1, 1000),
+                        help="test-set beam size (default: the dataset's; translation only)")
     parser.add_argument("--generate-args", type=shell_words, default=[],
-                        help='extra fairseq-generate flags for the test set, e.g. "--max-len-b 50"')
+                        help='extra fairseq-generate flags for the test set, e.g. "--max-len-b 50" (language '
+                             'models: extra fairseq-eval-lm flags)')
     add_threads_flag(parser)
     add_verbose_flag(parser)
     parser.add_argument("--jobs", type=positive_int, default=1,
@@ -391,16 +426,46 @@ def build_parser():
     return parser
 
 
+def check_passthrough(extra_args) -> None:
+    """Refuse fairseq-train flags after -- that this driver (or residual-fairseq-train) sets
+    itself: a run named post_ln-6l seed 1 must be that architecture, depth and seed."""
+    depth_flags = [word for word in extra_args if word.split("=")[0] in ("--encoder-layers", "--decoder-layers")]
+    if depth_flags:
+        raise UserError(f"{depth_flags[0]} after --: give depths with --layers, so that run names and "
+                        f"tables show them")
+    refuse_flags(extra_args, train.RUN_IDENTITY_FLAGS + train.DRIVER_SET_FLAGS,
+                 "after --: residual-fairseq-reproduce sets it itself (runs are named, placed and tabulated by "
+                 "--variants, --layers, --seeds and --out)")
+    train.check_extra_args(extra_args)
+
+
+def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
+    """--beam and --generate-args against the datasets' evaluations, before anything trains:
+    language models are scored by fairseq-eval-lm (no beam; --generate-args are its flags)."""
+    language_models = [dataset for dataset in datasets if is_language_model(dataset)]
+    if not language_models:
+        return
+    names = ", ".join(language_models)
+    if beam is not None:
+        kind = "is a language-model dataset" if len(language_models) == 1 else "are language-model datasets"
+        raise UserError(f"--beam: {names} {kind}, scored by perplexity with fairseq-eval-lm (no beam search); "
+                        "run it without --beam")
+    if generate_args:
+        if len(language_models) != len(datasets):
+            raise UserError(f"--generate-args with both translation and language-model datasets ({names}): "
+                            "fairseq-generate and fairseq-eval-lm take different flags; reproduce them separately")
+        from .language_models import check_eval_lm_extra_args
+
+        check_eval_lm_extra_args(generate_args)
+
+
 @cli_main
 def main(argv=None):
     ours, passthrough = train.split_passthrough(argv)
     args = build_parser().parse_args(ours)
     check_output_dir(args.out, "--out")
-    train.check_extra_args(passthrough)
-    depth_flags = [word for word in passthrough if word.split("=")[0] in ("--encoder-layers", "--decoder-layers")]
-    if depth_flags:
-        raise UserError(f"{depth_flags[0]} after --: give depths with --layers, so that run names and "
-                        f"tables show them")
+    check_passthrough(passthrough)
+    check_evaluation_options(args.dataset, args.beam, args.generate_args)
     args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
     args.seeds = sorted(set(args.seeds), key=args.seeds.index)
     data = parse_data(args.data, args.dataset)

@@ -44,6 +44,7 @@ from . import USER_DIR, configs
 from .argtypes import check_output_dir, int_at_least, positive_int
 from .data import binarized
 from .errors import UserError, cli_main
+from .passthrough import refuse_flags
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
 )
@@ -102,6 +103,10 @@ def plan(request: TrainRequest) -> TrainPlan:
         raise UserError(f"--nprocs must be at least 1, got {request.nprocs}")
     save_dir = check_output_dir(request.save_dir, "--save-dir")
     check_extra_args(request.extra_args)
+    language_model = getattr(configs.DATASETS.get(request.dataset), "task", None) == "language_modeling"
+    if language_model and request.decoder_layers not in (None, request.layers):
+        raise UserError(f"{request.dataset} trains a language model, which has one stack: layers {request.layers} "
+                        f"and decoder_layers {request.decoder_layers} differ")
     overrides = {
         "task": {"data": str(data)},
         "common": {"user_dir": USER_DIR},
@@ -116,7 +121,7 @@ def plan(request: TrainRequest) -> TrainPlan:
                             decoder_layers=request.decoder_layers)
 
     notes = []
-    if configs.DATASETS[request.dataset].task == "language_modeling":
+    if language_model:
         if request.source_lang or request.target_lang:
             raise UserError(f"{request.dataset} trains a language model: it has no -s/-t language pair")
         if not (data / "dict.txt").is_file():
@@ -256,10 +261,23 @@ def run_name(variant: str, model: dict) -> str:
 # Passthrough flags that must be finite positive numbers: fairseq would train a model of NaNs.
 POSITIVE_FLAGS = ("--dual-scale-encoder", "--dual-scale-decoder", "--lr", "--max-tokens")
 
+# fairseq-train flags this driver sets itself from its own options. Given again after --
+# (fairseq lets the later one win) they would write the checkpoints elsewhere than
+# SAVE_DIR (its train.log, run.json and lock), drop the plugin, or train another task or
+# language pair than run.json records: refused, one place for every driver.
+DRIVER_SET_FLAGS = ("--save-dir", "--user-dir", "--task", "--source-lang", "--target-lang", "-s", "-t")
+# The flags that make a run what its name says: variant (architecture and normalisation),
+# depth and seed. residual-fairseq-train records them as given (run.json's model); a
+# driver that names runs by its own options (residual-fairseq-reproduce) refuses them.
+RUN_IDENTITY_FLAGS = ("--arch", "--encoder-layers", "--decoder-layers", "--encoder-normalize-before",
+                      "--decoder-normalize-before", "--admin-profile", "--seed")
+
 
 def check_extra_args(extra_args) -> None:
     """Refuse passthrough values that cannot be meant, before fairseq starts (it would fail late)."""
     extra = list(extra_args)
+    refuse_flags(extra, DRIVER_SET_FLAGS, "after --: residual-fairseq-train sets it itself "
+                                          "(from --save-dir, --dataset, --source-lang/--target-lang)")
     for index, word in enumerate(extra):
         name, equals, value = word.partition("=")
         if name not in POSITIVE_FLAGS:
@@ -646,8 +664,10 @@ def build_parser():
     parser.add_argument("--layers", type=depth,
                         help="encoder and decoder depth: any depth, the dataset's base.yaml gives the rest "
                              "(its shipped depths are the per-run yaml files)")
-    parser.add_argument("--encoder-layers", type=depth, help="encoder depth (default: --layers)")
-    parser.add_argument("--decoder-layers", type=depth, help="decoder depth (default: --layers)")
+    parser.add_argument("--encoder-layers", type=depth,
+                        help="encoder depth (default: --layers; refused for a language model, which has none)")
+    parser.add_argument("--decoder-layers", type=depth,
+                        help="decoder depth (default: --layers; a language model's depth, alone)")
     parser.add_argument("--data", required=True, help="fairseq data directory (the prepared bin/)")
     parser.add_argument("--source-lang", "-s", help="source language (default: the config's pair if the data "
                                                      "hold it, else the data's pair)")
@@ -667,7 +687,23 @@ def build_parser():
 
 
 def depths(args, parser):
-    """(encoder layers, decoder layers) from --layers / --encoder-layers / --decoder-layers."""
+    """(encoder layers, decoder layers) from --layers / --encoder-layers / --decoder-layers.
+
+    A language model has a decoder only: its depth is --layers or --decoder-layers
+    (both: the same number), and --encoder-layers is refused; it comes back as
+    (depth, None).
+    """
+    if configs.DATASETS[args.dataset].task == "language_modeling":
+        if args.encoder_layers is not None:
+            raise UserError(f"--encoder-layers: {args.dataset} trains a language model, which has no encoder; "
+                            "give its depth with --layers or --decoder-layers")
+        if None not in (args.layers, args.decoder_layers) and args.layers != args.decoder_layers:
+            raise UserError(f"--layers {args.layers} and --decoder-layers {args.decoder_layers}: a language model "
+                            "has one stack, give its depth once")
+        depth = args.decoder_layers or args.layers
+        if depth is None:
+            raise UserError("give --layers N (or --decoder-layers N): the language model's depth")
+        return depth, None
     encoder = args.encoder_layers or args.layers
     decoder = args.decoder_layers or args.layers
     if encoder is None or decoder is None:

@@ -209,6 +209,30 @@ def test_cutoffs_are_parsed_not_evaluated(lm_dict_dir):
                                 "--adaptive-input-cutoff", "__import__('os').getpid()")
 
 
+@pytest.mark.parametrize("text,expected", [("20,40", [20, 40]), ("[20,40]", [20, 40]), ("(20, 40)", [20, 40]),
+                                           ("20", [20]), (" 20, 40 ", [20, 40])])
+def test_cutoffs_take_the_forms_fairseq_takes(lm_dict_dir, text, expected):
+    """fairseq's transformer_lm reads the cutoffs with eval_str_list: "20,40", "[20,40]" and
+    "20" all work there, so they work here, parsed as literals (never eval'd)."""
+    from fairseq.utils import eval_str_list
+    from residual_fairseq.models.lm import parse_cutoffs
+
+    assert parse_cutoffs(text, "adaptive_input_cutoff") == expected == eval_str_list(text, type=int)
+    assert parse_cutoffs(OmegaConf.create({"c": expected}).c, "adaptive_input_cutoff") == expected
+    if text == "[20,40]":  # the form the old parser refused, through fairseq's command line to the model
+        model = build_from_command_line(lm_dict_dir, "--arch", "resi_dual_lm_gpt2_tiny", "--adaptive-input",
+                                        "--adaptive-input-cutoff", text, "--adaptive-input-factor", "2")
+        assert model.decoder.embed_tokens.cutoff == expected + [len(model.decoder.dictionary)]
+
+
+@pytest.mark.parametrize("value", ["[20.5, 40]", "[True]", "['20']", "", "[]", "20,,40", "abc", [20.0]])
+def test_cutoffs_that_are_not_integers_are_one_error(value):
+    from residual_fairseq.models.lm import parse_cutoffs
+
+    with pytest.raises(ModelConfigError, match="--adaptive-softmax-cutoff wants comma-separated integers or a list"):
+        parse_cutoffs(value, "adaptive_softmax_cutoff")
+
+
 @pytest.mark.parametrize("flag,value", [("--dual-scale-decoder", "0"), ("--main-alpha-decoder", "-1"),
                                         ("--dual-scale-decoder", "nan"), ("--decoder-layers", "0")])
 def test_bad_numbers_are_one_argparse_error(lm_dict_dir, flag, value, capsys):

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from helpers import CLI_ENV, USER_DIR, fairseq_cli, run
+from helpers import CLI_ENV, USER_DIR, fairseq_cli, run, user_error
 from residual_fairseq import configs
 from residual_fairseq.models.lm import ResiDualLanguageModel
 
@@ -97,6 +97,27 @@ def test_sampling_and_beam_search_from_python(toy_lm):
     assert lm.perplexity("w1 w2 w3 w4 w5 w6") < lm.perplexity("w6 w1 w5 w2 w4 w3")
 
 
+def test_sampling_never_returns_a_cut_prompt_and_empty_text_has_no_perplexity(toy_lm):
+    """max_len_b counts the prompt (fairseq's limit on prompt + continuation): one that leaves
+    no room would return the prompt cut short, and the mean score of no tokens is nan."""
+    from residual_fairseq import load_language_model
+    from residual_fairseq.errors import UserError
+
+    prepared, save_dir, _ = toy_lm
+    lm = load_language_model(save_dir / "checkpoint_last.pt", data=prepared / "bin")
+    assert lm.prompt_tokens("w3 w4 w5") == 3
+    assert lm.sample("w3 w4 w5", max_len_b=4).split()[:3] == ["w3", "w4", "w5"]  # room for one token
+    for max_len_b in (3, 2):
+        with pytest.raises(UserError, match=f"max_len_b={max_len_b} counts the prompt's tokens too.*'w3 w4 w5' "
+                                            f"is 3 tokens.*give max_len_b above 3"):
+            lm.sample(["w1", "w3 w4 w5"], beam=2, max_len_b=max_len_b)
+    with pytest.raises(UserError, match="the model's 32 positions leave no room"):
+        lm.sample(" ".join(WORDS + WORDS[:7]), max_len_b=100)
+    for text in ("", "   "):
+        with pytest.raises(UserError, match="has no tokens to score"):
+            lm.perplexity(text)
+
+
 def test_python_api_loads_once_and_talks_only_when_asked(toy_lm, tmp_path):
     """In a plain Python session: a file name with ':' is one file (fairseq's from_pretrained
     would split it into an ensemble), and loading and sampling print nothing on stderr
@@ -108,10 +129,10 @@ def test_python_api_loads_once_and_talks_only_when_asked(toy_lm, tmp_path):
     shutil.copy(save_dir / "checkpoint_last.pt", checkpoint)
     script = ("from residual_fairseq import load_language_model\n"
               f"lm = load_language_model({str(checkpoint)!r}, data={str(prepared / 'bin')!r})\n"
-              "print(lm.sample('w3 w4 w5', beam=2, max_len_b=3))\n"
+              "print(lm.sample('w3 w4 w5', beam=2, max_len_b=5))\n"
               "print(round(lm.perplexity('w1 w2 w3'), 3))\n")
     proc = run([sys.executable, "-c", script], env=CLI_ENV)
-    assert proc.stdout.startswith("w3 w4 w5"), proc.stdout
+    assert proc.stdout.startswith("w3 w4 w5 w"), proc.stdout  # the prompt and a continuation
     assert proc.stderr == "", proc.stderr[-2000:]
 
 
@@ -310,6 +331,44 @@ def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
     torch.save(state, tmp_path / "translation.pt")
     with pytest.raises(UserError, match="is a translation checkpoint, not a language model"):
         load_language_model(tmp_path / "translation.pt", data=prepared / "bin")
+
+
+def test_evaluating_a_non_language_model_is_refused_before_fairseq_runs(toy_lm, tmp_path, capsys):
+    """fairseq-eval-lm would load a translation model and crash after seconds with an
+    AttributeError: the stored task is checked first, nothing is run or written."""
+    from residual_fairseq.errors import UserError
+    from residual_fairseq.language_models import evaluate_lm
+
+    prepared, save_dir, _ = toy_lm
+    state = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    state["cfg"]["task"]["_name"] = "translation"
+    torch.save(state, tmp_path / "translation.pt")
+    capsys.readouterr()
+    with pytest.raises(UserError, match="translation.pt is a translation checkpoint, not a language model"):
+        evaluate_lm(tmp_path / "translation.pt", prepared / "bin", tokens_per_sample=32, context_window=16,
+                    out_json=tmp_path / "ppl.json")
+    assert "fairseq-eval-lm" not in capsys.readouterr().out and not (tmp_path / "ppl.json").exists()
+
+
+@pytest.mark.parametrize("extra", [["--gen-subset", "valid"], ["--context-window", "0"], ["--tokens-per-sample=8"],
+                                   ["--output-word-probs", "--path", "other.pt"], ["--cpu"], ["--task=translation"]])
+def test_extra_eval_lm_flags_may_not_override_the_evaluations_own(tmp_path, capsys, extra):
+    """fairseq lets a later flag win: an extra --gen-subset/--context-window... would score another
+    split or window than the printed line and the JSON say. Refused before anything is read."""
+    from residual_fairseq.errors import UserError
+    from residual_fairseq.evaluate import main as evaluate_main
+    from residual_fairseq.language_models import eval_lm_command, evaluate_lm
+
+    flag = next(word for word in extra if word != "--output-word-probs").partition("=")[0]
+    message = f"{flag} in the extra fairseq-eval-lm arguments: the evaluation sets it itself"
+    with pytest.raises(UserError, match=message):
+        evaluate_lm(tmp_path / "nothing.pt", tmp_path, extra_args=extra)
+    with pytest.raises(UserError, match=message):
+        eval_lm_command("c.pt", tmp_path, extra_args=extra)
+    assert eval_lm_command("c.pt", tmp_path, extra_args=["--output-word-probs"])[-1] == "--output-word-probs"
+    (tmp_path / "dict.txt").write_text("w1 1\n")  # language-model data: residual-fairseq-evaluate scores perplexity
+    line = user_error(capsys, evaluate_main, [tmp_path / "nothing.pt", tmp_path, "--generate-args=" + " ".join(extra)])
+    assert line.startswith(f"error: {message}"), line
 
 
 @pytest.mark.parametrize("dataset", [name for name, spec in configs.DATASETS.items()

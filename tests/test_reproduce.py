@@ -179,6 +179,47 @@ def test_a_jobs_child_is_the_same_run(tmp_path):
     assert reproduce.matrix(reproduce.parse_data(args.data, args.dataset), Path(args.out), args.variants,
                             args.layers, args.seeds) == [run_]
     assert reproduce.threads_per_job(3, threads=5) == 5 and reproduce.threads_per_job(10 ** 6) == 1
+    # A one-word --generate-args value that starts with "-" stays the value, not a flag of its own.
+    command = reproduce.driver_command(run_, 1, [], {"generate_args": ["--no-repeat-ngram-size=3"]}, threads=1,
+                                       verbose=False)
+    ours, _ = reproduce.train.split_passthrough(command[3:])
+    assert reproduce.build_parser().parse_args(ours).generate_args == ["--no-repeat-ngram-size=3"]
+
+
+@pytest.mark.parametrize("flags", [["--arch", "resi_dual_lm"], ["--arch=transformer"], ["--save-dir", "x"],
+                                   ["--user-dir", "x"], ["--seed", "3"], ["--decoder-normalize-before"],
+                                   ["--admin-profile", "p.json"], ["-s", "en"]])
+def test_flags_the_driver_sets_itself_are_refused_after_the_separator(tmp_path, capsys, flags):
+    """A run named post_ln-3l seed 1 must be that: flags after -- that the driver sets itself
+    are one line, before anything is trained or written."""
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+                                               "--variants", "post_ln", "--layers", "3", "--out", tmp_path / "out",
+                                               "--", "--max-update", "2", *flags])
+    given = flags[0].partition("=")[0]
+    assert line.startswith(f"error: {given} after --: residual-fairseq-reproduce sets it itself"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path, capsys):
+    """For language models --generate-args are fairseq-eval-lm's extra flags; --beam, a flag
+    the evaluation sets itself, or flags meant for fairseq-generate too, are one line."""
+    [run_] = reproduce.matrix({"sample-lm": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], [2])
+    reproduce.evaluate_language_model(run_, {"generate_args": ["--output-word-probs"]}, dry_run=True)
+    out = capsys.readouterr().out
+    assert out.startswith("would evaluate: ") and out.rstrip().endswith("--output-word-probs"), out
+    assert "--context-window 64 " in out  # the dataset's own settings stay
+    base = ["--dataset", "sample-lm", "--data", tmp_path / "bin", "--out", tmp_path / "out"]
+    assert "--beam: sample-lm is a language-model dataset, scored by perplexity" in \
+        user_error(capsys, reproduce.main, base + ["--beam", "3"])
+    line = user_error(capsys, reproduce.main, base + ["--generate-args=--context-window=0"])
+    assert line.startswith("error: --context-window in the extra fairseq-eval-lm arguments: the evaluation sets it")
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-lm", "sample-es-en", "--data", "sample-lm=a",
+                                               "sample-es-en=b", "--out", tmp_path / "out",
+                                               "--generate-args", "--max-len-b 5"])
+    assert "--generate-args with both translation and language-model datasets (sample-lm)" in line
+    with pytest.raises(reproduce.UserError, match="--lenpen: sample-lm is a language-model dataset"):
+        reproduce.reproduce([run_], tmp_path / "out", eval_overrides={"lenpen": 0.6})
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):

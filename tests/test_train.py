@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-from helpers import CLI_ENV, REPO, run
+from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import train
 from residual_fairseq.errors import UserError
 
@@ -118,6 +118,42 @@ def test_any_depth_and_asymmetric_depths_from_base_yaml(toy_data_bin, tmp_path):
     record = json.loads(path.read_text())
     assert record["name"] == "resi_dual-6l" and (record["encoder_layers"], record["decoder_layers"]) == (6, 6)
     assert (record["source_lang"], record["target_lang"]) == ("src", "tgt") and record["threads"] >= 1
+
+
+def test_a_language_models_depth_is_its_decoder_depth(tmp_path, capsys):
+    """A language model has one stack: --decoder-layers alone is its depth, --encoder-layers
+    is refused (not silently dropped), both refused before any data is read."""
+    parser = train.build_parser()
+
+    def depths(*flags):
+        return train.depths(parser.parse_args(["--dataset", "sample-lm", "--variant", "resi_dual", "--data", "d",
+                                               "--save-dir", "s", *flags]), parser)
+
+    assert depths("--decoder-layers", "4") == depths("--layers", "4") == depths("--layers", "4",
+                                                                              "--decoder-layers", "4") == (4, None)
+    base = ["--dataset", "sample-lm", "--variant", "resi_dual", "--data", tmp_path / "none",
+            "--save-dir", tmp_path / "ck", "--dry-run"]
+    line = user_error(capsys, train.main, base + ["--encoder-layers", "9", "--decoder-layers", "4"])
+    assert line == ("error: --encoder-layers: sample-lm trains a language model, which has no encoder; "
+                    "give its depth with --layers or --decoder-layers")
+    assert "has one stack, give its depth once" in user_error(capsys, train.main,
+                                                             base + ["--layers", "6", "--decoder-layers", "4"])
+    assert "the language model's depth" in user_error(capsys, train.main, base)
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "dict.txt").write_text("w1 1\n")
+    with pytest.raises(UserError, match="one stack: layers 6 and decoder_layers 4 differ"):
+        train.plan(train.TrainRequest("sample-lm", "resi_dual", 6, tmp_path / "lm", tmp_path / "ck", decoder_layers=4))
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("flags", [["--save-dir", "elsewhere"], ["--user-dir=/x"], ["--task", "translation"],
+                                   ["-s", "tgt"], ["-tsrc"], ["--target_lang", "src"]])
+def test_flags_the_driver_sets_itself_are_refused_after_the_separator(toy_data_bin, tmp_path, capsys, flags):
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "3",
+                                           "--data", toy_data_bin, "--save-dir", tmp_path / "ck", "--", *flags])
+    given = flags[0].partition("=")[0] if flags[0].startswith("--") else flags[0][:2]
+    assert line.startswith(f"error: {given} after --: residual-fairseq-train sets it itself"), line
+    assert not (tmp_path / "ck").exists()
 
 
 def test_language_pair_is_inferred_from_the_data(toy_data_bin, tmp_path, capsys):

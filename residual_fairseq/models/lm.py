@@ -37,6 +37,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
+from ..config_strings import CodeInConfigError, literal_value
 from .resi_dual import ResiDualConfig, ResiDualDecoder
 from .resi_dual import _positive
 from .resi_dual import validate as validate_resi_dual
@@ -74,16 +75,34 @@ class ResiDualLanguageModelConfig(TransformerLanguageModelConfig):
 
 
 def parse_cutoffs(value, option):
-    """``"20000,60000"`` -> ``[20000, 60000]`` without ``eval`` (fairseq evals this string,
-    and a checkpoint's config is untrusted input)."""
-    if value is None or isinstance(value, (list, tuple)) or OmegaConf.is_list(value):
-        return None if value is None else [int(v) for v in value]
-    try:
-        return [int(part) for part in str(value).split(",") if part.strip()]
-    except ValueError:
+    """``"20000,60000"``, ``"[20000, 60000]"``, ``"(20000, 60000)"`` or ``"20000"`` ->
+    ``[20000, 60000]`` / ``[20000]``: the forms fairseq's ``eval_str_list`` accepts, read
+    with the project's literal-only parser (fairseq ``eval``s this string, and a
+    checkpoint's config is untrusted input); a list of ints is taken as it is."""
+    if value is None:
+        return None
+    original = value
+    if OmegaConf.is_list(value):
+        value = list(value)
+    if isinstance(value, str):
+        try:
+            value = literal_value(value)
+        except CodeInConfigError:
+            value = None  # refused below with the option's name
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value \
+            or not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
         raise ResiDualLanguageModelError(
-            f"--{option.replace('_', '-')} wants comma-separated integers, got {value!r}"
-        ) from None
+            f"--{option.replace('_', '-')} wants comma-separated integers or a list of them "
+            f"(20000,60000 or [20000, 60000]), got {_shown(original)}"
+        )
+    return list(value)
+
+
+def _shown(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def validate(args, cfg) -> None:
