@@ -45,6 +45,7 @@ from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
 from .data.binarized import check_split
 from .errors import UserError, cli_main
+from .passthrough import refuse_flags
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
 )
@@ -119,10 +120,29 @@ def unsplittable_path(checkpoint):
 
 
 
+# fairseq-generate flags that generate_command sets itself (or that the tool's own options
+# set), and --results-path, which would send the output to files instead of the stdout
+# parsed here: given again in --generate-args the later one would win, and the result
+# would say beam 5 on the test set of what fairseq decoded otherwise.
+GENERATE_OWN_FLAGS = (
+    "--path", "--user-dir", "--gen-subset", "--beam", "--lenpen", "--max-tokens", "--num-workers",
+    "--required-batch-size-multiple", "--batch-size", "--max-sentences", "--remove-bpe", "--post-process",
+    "--cpu", "--task", "--source-lang", "--target-lang", "-s", "-t", "--results-path",
+)
+
+
+def check_generate_extra_args(extra_args) -> None:
+    """Refuse extra fairseq-generate flags that would override the evaluation's own settings."""
+    refuse_flags(extra_args, GENERATE_OWN_FLAGS,
+                 "in --generate-args: the evaluation sets it itself (use residual-fairseq-evaluate's own --subset, "
+                 "--beam, --lenpen, --max-tokens, --batch-size, --subword, --cpu)")
+
+
 def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, max_tokens=4096,
                      batch_size=None, subword=None, cpu=None, user_dir=USER_DIR,
                      extra_args: Sequence[str] = ()):
     """The fairseq-generate command line of one evaluation, as a list."""
+    check_generate_extra_args(extra_args)
     if cpu is None:
         import torch
 
@@ -448,6 +468,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     ``num_sentences`` and the paths of the hypotheses and generate output.
     """
     data_bin = Path(data_bin)
+    check_generate_extra_args(generate_args)
     if not data_bin.is_dir():
         raise UserError(f"data directory not found: {data_bin}")
     check_split(data_bin, subset)  # present, whole and matching its dictionaries

@@ -444,6 +444,9 @@ def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
     language models are scored by fairseq-eval-lm (no beam; --generate-args are its flags)."""
     language_models = [dataset for dataset in datasets if is_language_model(dataset)]
     if not language_models:
+        from .evaluate import check_generate_extra_args
+
+        check_generate_extra_args(generate_args)
         return
     names = ", ".join(language_models)
     if beam is not None:

@@ -219,6 +219,12 @@ def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path
     assert "--generate-args with both translation and language-model datasets (sample-lm)" in line
     with pytest.raises(reproduce.UserError, match="--lenpen: sample-lm is a language-model dataset"):
         reproduce.reproduce([run_], tmp_path / "out", eval_overrides={"lenpen": 0.6})
+    # Translation: fairseq-generate flags the evaluation sets itself, refused before anything trains.
+    for extra, flag in (("--beam 1", "--beam"), ("--gen-subset=valid", "--gen-subset"), ("-s de", "-s"),
+                        ("--results-path r", "--results-path")):
+        line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--out",
+                                                   tmp_path / "out", f"--generate-args={extra}"])
+        assert line.startswith(f"error: {flag} in --generate-args: the evaluation sets it itself"), line
     assert not (tmp_path / "out").exists()
 
 
