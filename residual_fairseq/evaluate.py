@@ -120,14 +120,16 @@ def unsplittable_path(checkpoint):
 
 
 
-# fairseq-generate flags that generate_command sets itself (or that the tool's own options
-# set), and --results-path, which would send the output to files instead of the stdout
-# parsed here: given again in --generate-args the later one would win, and the result
-# would say beam 5 on the test set of what fairseq decoded otherwise.
+# fairseq-generate flags that generate_command sets itself and that change what is
+# decoded or scored, and --results-path, which would send the output to files instead of
+# the stdout parsed here: given again in --generate-args the later one would win, and the
+# result would say beam 5 on the test set of what fairseq decoded otherwise. (Batching
+# flags, --max-tokens and --batch-size, may be given: they change no hypothesis, and the
+# result records the extra flags.) --required-batch-size-multiple > 1 drops sentences.
 GENERATE_OWN_FLAGS = (
-    "--path", "--user-dir", "--gen-subset", "--beam", "--lenpen", "--max-tokens", "--num-workers",
-    "--required-batch-size-multiple", "--batch-size", "--max-sentences", "--remove-bpe", "--post-process",
-    "--cpu", "--task", "--source-lang", "--target-lang", "-s", "-t", "--results-path",
+    "--path", "--user-dir", "--gen-subset", "--beam", "--lenpen", "--required-batch-size-multiple",
+    "--remove-bpe", "--post-process", "--cpu", "--task", "--source-lang", "--target-lang", "-s", "-t",
+    "--results-path",
 )
 
 
@@ -135,7 +137,7 @@ def check_generate_extra_args(extra_args) -> None:
     """Refuse extra fairseq-generate flags that would override the evaluation's own settings."""
     refuse_flags(extra_args, GENERATE_OWN_FLAGS,
                  "in --generate-args: the evaluation sets it itself (use residual-fairseq-evaluate's own --subset, "
-                 "--beam, --lenpen, --max-tokens, --batch-size, --subword, --cpu)")
+                 "--beam, --lenpen, --subword, --cpu)")
 
 
 def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, max_tokens=4096,

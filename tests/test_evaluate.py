@@ -330,7 +330,8 @@ def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, 
     assert line.startswith("error: --context-window does not apply to translation data"), line
     # --generate-args may not override what the result records (it would say beam 5 on test)
     for extra, flag in (("--beam 1", "--beam"), ("--gen-subset valid", "--gen-subset"),
-                        ("--remove-bpe=none", "--remove-bpe"), ("--max-sentences 4", "--max-sentences")):
+                        ("--remove-bpe=none", "--remove-bpe"), ("--required-batch-size-multiple 8",
+                                                                 "--required-batch-size-multiple")):
         line = user_error(capsys, evaluate.main, [model, toy_data_bin, f"--generate-args={extra}"])
         assert line.startswith(f"error: {flag} in --generate-args: the evaluation sets it itself"), line
     generated = fake_generate_output(tmp_path / "gen.txt", RAW_HYPOTHESES, RAW_REFERENCES)
