@@ -424,6 +424,26 @@ def resolve_subword(subword, data_bin, subset="test"):
     return None, None
 
 
+def resolve_detok_lang(detok_lang, data_bin, subset="test"):
+    """The Moses detokenization language of an evaluation of ``data_bin``: ``detok_lang``
+    when given; else, when residual-fairseq-prepare's manifest says the text was
+    Moses-tokenized, the target language of ``subset`` (its split files); else None."""
+    if detok_lang is not None:
+        return detok_lang
+    manifest, manifest_path = prepare_manifest_of(data_bin)
+    settings = manifest.get("settings") if manifest is not None else None
+    if not (isinstance(settings, dict) and settings.get("tokenizer") == "moses"):
+        return None
+    targets = sorted({match.group(2) for match in
+                      map(re.compile(_SPLIT_FILE.format(subset=re.escape(subset))).match, os.listdir(data_bin))
+                      if match})
+    if len(targets) != 1:
+        raise UserError(f"{manifest_path} says the text was Moses-tokenized, and '{subset}' has target languages "
+                        f"{', '.join(targets) or 'none'}: give --detok-lang LANG (the model's target language)")
+    print(f"detokenizing with Moses ({targets[0]}): {manifest_path} says the text was Moses-tokenized", flush=True)
+    return targets[0]
+
+
 def generate_output_segmentation(hypotheses, threshold: float = 0.1):
     """``"sentencepiece"``/``"subword_nmt"`` when hypotheses still clearly carry subword marks, else None."""
     tokens = [token for line in hypotheses for token in line.split()]
@@ -491,6 +511,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     if reference is not None and not Path(reference).is_file():
         raise UserError(f"--reference {reference}: no such file")
     subword, subword_from = resolve_subword(subword, data_bin, subset)
+    detok_lang = resolve_detok_lang(detok_lang, data_bin, subset)
 
     # A failed run must leave an earlier result intact: its JSON names the .generate.txt (+ .log),
     # .hyp.txt and .averaged.pt beside it, so the new ones are written under temporary names and

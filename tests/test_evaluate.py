@@ -362,6 +362,13 @@ def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_
     assert result["generation"]["subword_from"] == str((prepared / "manifest.json").resolve())
     result = evaluate.evaluate_run(model, prepared / "bin", subword="none", out_json=tmp_path / "b.json")
     assert "--remove-bpe" not in calls[-1] and result["generation"]["subword_from"] == "--subword"
+    assert result["detok_lang"] is None  # the manifest's text was not Moses-tokenized
+    # Moses-tokenized text is detokenized in the target language of the split, unless told otherwise.
+    manifest["settings"]["tokenizer"] = "moses"
+    (prepared / "manifest.json").write_text(json.dumps(manifest))
+    assert evaluate.evaluate_run(model, prepared / "bin", out_json=tmp_path / "m.json")["detok_lang"] == "tgt"
+    assert evaluate.evaluate_run(model, prepared / "bin", detok_lang="de", out_json=tmp_path / "m.json")[
+        "detok_lang"] == "de"
     # Without a manifest, a dictionary that is clearly segmented is refused before generating.
     (prepared / "manifest.json").unlink()
     n_calls = len(calls)
