@@ -108,6 +108,13 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
     if not (data_bin / f"{subset}.bin").is_file():
         raise UserError(f"{data_bin} has no binarized {subset!r} split ({subset}.bin)")
     check_language_model_data(data_bin, [subset])
+    if out_json is not None:  # checked before fairseq-eval-lm runs: never over an input
+        from .argtypes import check_output_file
+        from .evaluate import data_input_files, refuse_overwriting_inputs
+
+        check_output_file(out_json, "out_json")
+        refuse_overwriting_inputs([out_json], [("the checkpoint", checkpoint)] + data_input_files(data_bin, subset),
+                                  out_json, "out_json")
     with unsplittable_path(checkpoint) as path:  # fairseq would split a ':' in it into an ensemble
         command = eval_lm_command(path, data_bin, subset, tokens_per_sample, context_window, max_tokens, cpu,
                                   extra_args)

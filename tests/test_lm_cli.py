@@ -348,6 +348,14 @@ def test_evaluating_a_non_language_model_is_refused_before_fairseq_runs(toy_lm, 
         evaluate_lm(tmp_path / "translation.pt", prepared / "bin", tokens_per_sample=32, context_window=16,
                     out_json=tmp_path / "ppl.json")
     assert "fairseq-eval-lm" not in capsys.readouterr().out and not (tmp_path / "ppl.json").exists()
+    # From Python too, out_json may not be the checkpoint (nor a data file) it evaluates.
+    model = tmp_path / "model.pt"
+    model.write_bytes((save_dir / "checkpoint_last.pt").read_bytes())
+    for out_json, role in ((model, "the checkpoint"), (prepared / "bin" / "dict.txt", "the data file")):
+        with pytest.raises(UserError, match=f"out_json {out_json} would overwrite {role}"):
+            evaluate_lm(model, prepared / "bin", tokens_per_sample=32, context_window=16, out_json=out_json)
+    assert model.read_bytes() == (save_dir / "checkpoint_last.pt").read_bytes()
+    assert "fairseq-eval-lm" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra", [["--gen-subset", "valid"], ["--context-window", "0"], ["--tokens-per-sample=8"],
