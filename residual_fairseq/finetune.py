@@ -36,6 +36,7 @@ from typing import List, Optional
 from . import configs, train
 from .argtypes import check_output_dir, positive_int
 from .errors import UserError, cli_main
+from .passthrough import refuse_flags
 from .runtime import add_verbose_flag
 from .safe_checkpoints import read_checkpoint
 
@@ -188,6 +189,9 @@ def check_config_matches_checkpoint(checkpoint: Path, settings: dict, extra_args
                         f"{', '.join(differences)}): pass the --train-config it was trained with")
 
 
+FINETUNE_OWN_FLAGS = ("--finetune-from-model", "--restore-file")
+
+
 # --- the save directory ---------------------------------------------------------------------
 
 CHECKPOINT_GLOB = "checkpoint*.pt"  # what fairseq-train writes (and resumes from: checkpoint_last.pt)
@@ -296,6 +300,11 @@ def finetune(request: FinetuneRequest, dry_run: bool = False) -> train.TrainPlan
                         f"(e.g. {Path(request.checkpoint) / 'checkpoint_best.pt'})")
     if not Path(request.checkpoint).is_file():
         raise UserError(f"checkpoint not found: {request.checkpoint}")
+    # finetune gives fairseq-train --finetune-from-model itself: another one after -- would win
+    # (fairseq takes the last), or --restore-file would start from elsewhere, while run.json
+    # and the checks above name --checkpoint.
+    refuse_flags(request.extra_args, FINETUNE_OWN_FLAGS,
+                 "after --: residual-fairseq-finetune starts from --checkpoint itself")
     check_output_dir(request.save_dir, "--save-dir")
     check_output_dir(request.data_out, "--data-out")
     check_save_dir(request)  # before anything is read or written (also in a dry run)

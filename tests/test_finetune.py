@@ -141,6 +141,16 @@ def test_a_checkpoint_directory_is_refused_with_what_to_give(capsys, tmp_path):
                     f"(e.g. {tmp_path / 'checkpoint_best.pt'})")
 
 
+@pytest.mark.parametrize("extra", [["--finetune-from-model", "other.pt"], ["--restore-file=other.pt"]])
+def test_a_second_starting_point_after_the_dashes_is_refused(capsys, tmp_path, extra):
+    (tmp_path / "model.pt").write_bytes(b"not read: refused first")
+    line = user_error(capsys, finetune.main, [
+        "--checkpoint", tmp_path / "model.pt", "--dataset", "sample-es-en", "-s", "en", "-t", "es",
+        "--data-out", tmp_path / "data", "--save-dir", tmp_path / "ft", "--", *extra], only_line=True)
+    assert line == f"error: {extra[0].partition('=')[0]} after --: residual-fairseq-finetune starts from --checkpoint itself"
+    assert not (tmp_path / "data").exists() and not (tmp_path / "ft").exists()
+
+
 def test_incompatible_vocabulary_is_one_line(es_en_checkpoint, tmp_path):
     small = tmp_path / "dict.txt"
     small.write_text("".join(f"w{i} 1\n" for i in range(10)))
