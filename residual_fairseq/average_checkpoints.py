@@ -106,7 +106,9 @@ def model_definition(state) -> dict:
 
 def check_same_definition(definition, reference, path, reference_path) -> None:
     for name, value in definition.items():
-        if value != reference[name]:
+        # An option one config lacks (written by an older fairseq or plugin) takes its default
+        # when loaded: not a difference this check can see, so only stored values are compared.
+        if value is not None and reference[name] is not None and value != reference[name]:
             raise UserError(f"{path} and {reference_path} are different models: {name} "
                             f"{str(value)[:40]} vs {str(reference[name])[:40]}")
 

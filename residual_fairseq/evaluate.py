@@ -128,16 +128,15 @@ def unsplittable_path(checkpoint):
 # result records the extra flags.) --required-batch-size-multiple > 1 drops sentences.
 GENERATE_OWN_FLAGS = (
     "--path", "--user-dir", "--gen-subset", "--beam", "--lenpen", "--required-batch-size-multiple",
-    "--remove-bpe", "--post-process", "--cpu", "--task", "--source-lang", "--target-lang", "-s", "-t",
-    "--results-path",
-)
+    "--remove-bpe", "--post-process", "--cpu", "--results-path",
+)  # not -s/-t or --task: the evaluation does not set them, and a data-bin of both directions needs -s/-t
 
 
-def check_generate_extra_args(extra_args) -> None:
-    """Refuse extra fairseq-generate flags that would override the evaluation's own settings."""
-    refuse_flags(extra_args, GENERATE_OWN_FLAGS,
-                 "in --generate-args: the evaluation sets it itself (use residual-fairseq-evaluate's own --subset, "
-                 "--beam, --lenpen, --subword, --cpu)")
+def check_generate_extra_args(extra_args, instead="use residual-fairseq-evaluate's own --subset, --beam, "
+                                                    "--lenpen, --subword, --cpu") -> None:
+    """Refuse extra fairseq-generate flags that would override the evaluation's own settings
+    (``instead``: what the calling tool offers for them)."""
+    refuse_flags(extra_args, GENERATE_OWN_FLAGS, f"in --generate-args: the evaluation sets it itself ({instead})")
 
 
 def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, max_tokens=4096,

@@ -446,7 +446,8 @@ def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
     if not language_models:
         from .evaluate import check_generate_extra_args
 
-        check_generate_extra_args(generate_args)
+        check_generate_extra_args(generate_args, "reproduce offers --beam; for other settings, evaluate a run "
+                                                 "directory with residual-fairseq-evaluate")
         return
     names = ", ".join(language_models)
     if beam is not None:

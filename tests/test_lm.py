@@ -210,7 +210,7 @@ def test_cutoffs_are_parsed_not_evaluated(lm_dict_dir):
 
 
 @pytest.mark.parametrize("text,expected", [("20,40", [20, 40]), ("[20,40]", [20, 40]), ("(20, 40)", [20, 40]),
-                                           ("20", [20]), (" 20, 40 ", [20, 40])])
+                                           ("20", [20]), (" 20, 40 ", [20, 40]), ("2e4,6e4", [20000, 60000])])
 def test_cutoffs_take_the_forms_fairseq_takes(lm_dict_dir, text, expected):
     """fairseq's transformer_lm reads the cutoffs with eval_str_list: "20,40", "[20,40]" and
     "20" all work there, so they work here, parsed as literals (never eval'd)."""
@@ -225,7 +225,7 @@ def test_cutoffs_take_the_forms_fairseq_takes(lm_dict_dir, text, expected):
         assert model.decoder.embed_tokens.cutoff == expected + [len(model.decoder.dictionary)]
 
 
-@pytest.mark.parametrize("value", ["[20.5, 40]", "[True]", "['20']", "", "[]", "20,,40", "abc", [20.0]])
+@pytest.mark.parametrize("value", ["[20.5, 40]", "[True]", "['20']", "", "[]", "20,,40", "abc", "nan", [20.5]])
 def test_cutoffs_that_are_not_integers_are_one_error(value):
     from residual_fairseq.models.lm import parse_cutoffs
 

@@ -220,11 +220,16 @@ def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path
     with pytest.raises(reproduce.UserError, match="--lenpen: sample-lm is a language-model dataset"):
         reproduce.reproduce([run_], tmp_path / "out", eval_overrides={"lenpen": 0.6})
     # Translation: fairseq-generate flags the evaluation sets itself, refused before anything trains.
-    for extra, flag in (("--beam 1", "--beam"), ("--gen-subset=valid", "--gen-subset"), ("-s de", "-s"),
+    for extra, flag in (("--beam 1", "--beam"), ("--gen-subset=valid", "--gen-subset"), ("--lenpen 0.6", "--lenpen"),
                         ("--results-path r", "--results-path")):
         line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--out",
                                                    tmp_path / "out", f"--generate-args={extra}"])
-        assert line.startswith(f"error: {flag} in --generate-args: the evaluation sets it itself"), line
+        assert line == (f"error: {flag} in --generate-args: the evaluation sets it itself (reproduce offers --beam; "
+                        "for other settings, evaluate a run directory with residual-fairseq-evaluate)"), line
+    # -s/-t are not the evaluation's: they pick a direction of a data-bin that holds both
+    from residual_fairseq.evaluate import check_generate_extra_args
+
+    check_generate_extra_args(["-s", "en", "-t", "es", "--max-len-b", "50"])
     assert not (tmp_path / "out").exists()
 
 

@@ -396,6 +396,37 @@ def test_a_config_asking_for_more_than_its_weights_is_refused_before_building(
             loader()
 
 
+
+@pytest.mark.parametrize("arch, sizes", [
+    # lstm keeps its layers as encoder.lstm.weight_ih_l0, not encoder.layers.N
+    ("lstm", dict(encoder_embed_dim=16, decoder_embed_dim=16, encoder_hidden_size=16, decoder_hidden_size=16,
+                  decoder_out_embed_dim=16)),
+    ("fconv", dict(encoder_embed_dim=16, decoder_embed_dim=16, decoder_out_embed_dim=16,
+                   encoder_layers="[(16, 3)] * 2", decoder_layers="[(16, 3)] * 2")),
+    ("transformer", dict(encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                         decoder_ffn_embed_dim=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                         decoder_attention_heads=2, adaptive_softmax_cutoff="5,10", encoder_learned_pos=True)),
+])
+def test_the_config_size_check_passes_fairseqs_own_architectures(arch, sizes):
+    """The check runs in fairseq-generate / resume for every model: it must not refuse
+    a legitimate checkpoint of an architecture that names its layers otherwise."""
+    from fairseq import models
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from residual_fairseq.variants import toy_dictionary
+
+    vocabulary = toy_dictionary()
+    args = argparse.Namespace(arch=arch, task="translation", criterion="cross_entropy", max_source_positions=64,
+                              max_target_positions=64, **sizes)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    model = models.build_model(argparse.Namespace(**vars(args)),
+                               argparse.Namespace(source_dictionary=vocabulary, target_dictionary=vocabulary))
+    safe_checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
+    # ... while a config asking for more still fails, for these architectures too
+    with pytest.raises(safe_checkpoints.CheckpointError, match="its config"):
+        bigger = dict(vars(args), decoder_embed_dim=64, decoder_out_embed_dim=64)
+        safe_checkpoints.check_config_fits_weights({"args": argparse.Namespace(**bigger),
+                                                    "model": model.state_dict()}, arch)
+
 def test_a_checkpoint_never_opens_the_files_its_initialisation_read(real, toy_data_bin, tmp_path):
     """Pretrained-embedding paths are for a new model; a checkpoint's own weights replace
     them, so a path in its config (/dev/zero in an attack; a missing file and a
@@ -423,21 +454,29 @@ def test_averaging_refuses_checkpoints_of_different_models(real, tmp_path, capsy
                                                              "--output", str(tmp_path / "avg.pt")], only_line=True)
         assert "not the same model" in line and name in line, line
     # Same shapes, different models: another residual scheme, another scale of the dual
-    # stream, another architecture name, another language pair.
+    # stream, another architecture name, another language pair (both stored).
+    def with_pair(state, source):
+        return {**state, "cfg": {**state["cfg"], "task": {**state["cfg"]["task"], "source_lang": source,
+                                                         "target_lang": "tgt"}}}
+
+    torch.save(with_pair(good, "src"), tmp_path / "paired.pt")
     definitions = {
-        "encoder_normalize_before": with_model_options(good, encoder_normalize_before=True),
-        "dual_scale_decoder": with_model_options(good, dual_scale_decoder=0.05),
-        "architecture": with_model_options(args_layout(good), arch="transformer_tiny"),
-        "source language": {**good, "cfg": {**good["cfg"], "task": {**good["cfg"]["task"], "source_lang": "de"}}},
+        "encoder_normalize_before": (real, with_model_options(good, encoder_normalize_before=True)),
+        "dual_scale_decoder": (real, with_model_options(good, dual_scale_decoder=0.05)),
+        "architecture": (real, with_model_options(args_layout(good), arch="transformer_tiny")),
+        "source language": (tmp_path / "paired.pt", with_pair(good, "de")),
     }
-    for option, state in definitions.items():
+    for option, (first, state) in definitions.items():
         torch.save(state, tmp_path / "other.pt")
-        line = user_error(capsys, average_checkpoints.main, ["--inputs", str(real), str(tmp_path / "other.pt"),
+        line = user_error(capsys, average_checkpoints.main, ["--inputs", str(first), str(tmp_path / "other.pt"),
                                                              "--output", str(tmp_path / "avg.pt")], only_line=True)
         assert f"are different models: {option} " in line, line
     assert not (tmp_path / "avg.pt").exists()
-    # The same model in the older layout (args) averages with it.
-    torch.save(args_layout(good), tmp_path / "args.pt")
+    # The same model in the older layout (args) averages with it, and so does one whose
+    # config lacks an option the other stores (an older version wrote it; it loads with the default).
+    older = args_layout(good)
+    del older["args"].cross_self_attention
+    torch.save(older, tmp_path / "args.pt")
     average_checkpoints.main(["--inputs", str(real), str(tmp_path / "args.pt"), "--output", str(tmp_path / "avg.pt")])
     assert (tmp_path / "avg.pt").is_file()
     for argv, refusal in ((["--num-epoch-checkpoints", "0"], "must be at least 1"),

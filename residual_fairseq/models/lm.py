@@ -89,8 +89,10 @@ def parse_cutoffs(value, option):
             value = literal_value(value)
         except CodeInConfigError:
             value = None  # refused below with the option's name
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
+    if isinstance(value, (list, tuple)):  # "2e4,6e4": fairseq's int() takes whole floats too
+        value = [int(item) if isinstance(item, float) and item.is_integer() else item for item in value]
     if not isinstance(value, (list, tuple)) or not value \
             or not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
         raise ResiDualLanguageModelError(
