@@ -40,7 +40,9 @@ Also here: the repair of a ``checkpoint_last.pt`` truncated by a crash
 """
 import argparse
 import collections
+import contextlib
 import copy
+import functools
 import io
 import logging
 import math
@@ -48,6 +50,7 @@ import os
 import pickle
 import re
 import stat
+import threading
 import warnings
 import zipfile
 from pathlib import Path
@@ -573,6 +576,52 @@ def check_layer_counts(model_cfg, weights, path) -> None:
                                   f"{stack} layers, its weights hold {stored}")
 
 
+# Building on the meta device would initialise every weight and compute the sinusoidal
+# position tables there, which torch does through its Python decompositions: the first
+# such op imports torch._dynamo, 2-3 s per process (every fairseq-generate, resume,
+# translate). The shapes need neither, so while *this thread* builds shapes, the public
+# torch.nn.init functions and fairseq's sinusoidal table return their tensor untouched /
+# empty. The wrappers are installed on the first check and do exactly what the originals
+# do for every other caller and thread.
+_building_shapes = threading.local()
+
+
+def _unless_building_shapes(function, shapes_only):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if getattr(_building_shapes, "active", False):
+            return shapes_only(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    wrapper.residual_fairseq_shapes_only = True
+    return wrapper
+
+
+def _install_shape_only_paths() -> None:
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+
+    for name in dir(torch.nn.init):
+        function = getattr(torch.nn.init, name)
+        if name.endswith("_") and not name.startswith("_") and callable(function) \
+                and not getattr(function, "residual_fairseq_shapes_only", False):
+            setattr(torch.nn.init, name, _unless_building_shapes(function, lambda tensor, *a, **k: tensor))
+    table = SinusoidalPositionalEmbedding.get_embedding
+    if not getattr(table, "residual_fairseq_shapes_only", False):
+        SinusoidalPositionalEmbedding.get_embedding = staticmethod(_unless_building_shapes(
+            table, lambda num_embeddings, embedding_dim, *a, **k: torch.empty(num_embeddings, embedding_dim)))
+
+
+@contextlib.contextmanager
+def _shapes_only():
+    _install_shape_only_paths()
+    _building_shapes.active = True
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _building_shapes.active = False
+
+
 def config_shapes(model_cfg, weights, path):
     """{name: shape} of the state of the model ``model_cfg`` describes, and the number
     of elements of all its tensors (parameters, buffers, tables such as the sinusoidal
@@ -601,7 +650,7 @@ def config_shapes(model_cfg, weights, path):
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the real build says it all again
     try:
-        with torch.device("meta"):
+        with _shapes_only():
             model = models.build_model(config, task)
     finally:
         logging.disable(previous)
