@@ -34,6 +34,11 @@ from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
 from .atomic import write_text_atomically
 from .data.pipeline import is_prepare_manifest, read_manifest
 from .errors import UserError, cli_main
+# Imported now, not when the first run is evaluated hours later: a driver must run one
+# version of the package throughout, even if it is updated meanwhile (mixing modules
+# of two versions once killed a driver at its first evaluation).
+from .evaluate import check_generate_extra_args, evaluate_run
+from .language_models import check_eval_lm_extra_args, eval_lm_command, evaluate_lm
 from .passthrough import refuse_flags
 from .reproduce_report import dig, is_language_model, is_number, write_reports
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
@@ -173,8 +178,6 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items())
         print(f"would evaluate: evaluate_run({str(run.save_dir)!r}, {str(run.data)!r}, {shown})", flush=True)
         return None
-    from .evaluate import evaluate_run
-
     return evaluate_run(checkpoint_to_evaluate(run), run.data, out_json=run.result_path, threads=threads,
                         **options)
 
@@ -198,16 +201,12 @@ def language_model_evaluation_options(dataset: str, eval_overrides=None) -> dict
                         f"fairseq-eval-lm: there is no decoding for {flags} to change")
     options = {**configs.DATASETS[dataset].evaluation, **overrides}
     options = {key: value for key, value in options.items() if key in LM_EVALUATION_OPTIONS}
-    from .language_models import check_eval_lm_extra_args
-
     check_eval_lm_extra_args(options.get("extra_args", ()))
     return options
 
 
 def evaluate_language_model(run: Run, eval_overrides=None, dry_run: bool = False, threads=None) -> Optional[dict]:
     """Test perplexity with fairseq-eval-lm and the dataset's context-window settings."""
-    from .language_models import eval_lm_command, evaluate_lm
-
     options = language_model_evaluation_options(run.dataset, eval_overrides)
     if dry_run:
         checkpoint = run.save_dir / "checkpoint_best.pt"
@@ -444,8 +443,6 @@ def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
     language models are scored by fairseq-eval-lm (no beam; --generate-args are its flags)."""
     language_models = [dataset for dataset in datasets if is_language_model(dataset)]
     if not language_models:
-        from .evaluate import check_generate_extra_args
-
         check_generate_extra_args(generate_args, "reproduce offers --beam; for other settings, evaluate a run "
                                                  "directory with residual-fairseq-evaluate")
         return
@@ -458,8 +455,6 @@ def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
         if len(language_models) != len(datasets):
             raise UserError(f"--generate-args with both translation and language-model datasets ({names}): "
                             "fairseq-generate and fairseq-eval-lm take different flags; reproduce them separately")
-        from .language_models import check_eval_lm_extra_args
-
         check_eval_lm_extra_args(generate_args)
 
 

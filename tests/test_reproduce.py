@@ -127,7 +127,7 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     """--layers takes depths the dataset does not ship; a run without checkpoint_best.pt (trained with
     --disable-validation) is evaluated on checkpoint_last.pt, saying so; a failing run is reported in the
     table while the others go on."""
-    from residual_fairseq import evaluate, train
+    from residual_fairseq import train
     from residual_fairseq.errors import UserError
 
     runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln", "resi_dual"],
@@ -151,7 +151,7 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
         return result
 
     monkeypatch.setattr(train, "train", fake_train)
-    monkeypatch.setattr(evaluate, "evaluate_run", fake_evaluate)
+    monkeypatch.setattr(reproduce, "evaluate_run", fake_evaluate)
     monkeypatch.setattr(reproduce, "evaluation_options", lambda run: {})
     with pytest.raises(UserError, match="1 of 2 runs failed"):
         reproduce.reproduce(runs, tmp_path / "out")
@@ -403,3 +403,16 @@ def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
     table = report.write_reports(runs, tmp_path / "out")["markdown"].read_text()
     assert "Welch's t-test over the seeds" in table
     assert "| sample-es-en | 6 | test sacreBLEU | resi_dual | post_ln | -10.17 |" in table
+
+
+def test_a_driver_imports_everything_it_evaluates_with_when_it_starts():
+    """Runs take hours: a package update meanwhile must not leave the driver importing new
+    modules beside its old ones at the first evaluation (that killed a driver once)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, residual_fairseq.reproduce; "
+            "print(all(m in sys.modules for m in ('residual_fairseq.evaluate', 'residual_fairseq.language_models', "
+            "'residual_fairseq.average_checkpoints', 'residual_fairseq.passthrough')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300).stdout.strip() == "True"
