@@ -80,6 +80,21 @@ def _blocking_parent(path: Path):
     return None
 
 
+def same_file(a, b) -> bool:
+    """Whether two paths name one file: the same path once resolved (even before it exists),
+    or the same file through links."""
+    a, b = Path(a), Path(b)
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):  # a symlink loop: compare what can be compared
+        pass
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def check_output_file(path, flag: str) -> Path:
     """Refuse an output file path that cannot be written: a directory, or under a file."""
     path = Path(path)

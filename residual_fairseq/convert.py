@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from .average_checkpoints import load_checkpoint_file, save_checkpoint_atomically
 from .errors import UserError, cli_main
 from .models.resi_dual import FAIRSEQ_PRESET_OF, OFFICIAL_OPTION_NAMES
-from .safe_checkpoints import config_shapes
+from .safe_checkpoints import config_option, config_shapes, drop_config_option, set_config_option
 
 RESI_DUAL_OF_PRESET = {preset: arch for arch, preset in FAIRSEQ_PRESET_OF.items()}
 
@@ -47,24 +47,6 @@ def _options(state: dict):
     return options
 
 
-def _get(options, name):
-    return getattr(options, name, None) if isinstance(options, Namespace) else options.get(name)
-
-
-def _set(options, name, value):
-    if isinstance(options, Namespace):
-        setattr(options, name, value)
-    else:
-        options[name] = value
-
-
-def _drop(options, name):
-    if isinstance(options, Namespace):
-        options.__dict__.pop(name, None)
-    else:
-        options.pop(name, None)
-
-
 def resi_dual_arch(stored_arch) -> str:
     if stored_arch in FAIRSEQ_PRESET_OF:
         return stored_arch
@@ -74,26 +56,26 @@ def resi_dual_arch(stored_arch) -> str:
 def convert_state(state: dict, arch=None) -> dict:
     """The converted checkpoint state (``state`` is changed in place and returned)."""
     options = _options(state)
-    stored_arch = _get(options, "_name") or _get(options, "arch")
+    stored_arch = config_option(options, "_name") or config_option(options, "arch")
     new_arch = arch or resi_dual_arch(stored_arch)
     if new_arch not in FAIRSEQ_PRESET_OF:
         raise UserError(f"--arch must be one of {', '.join(sorted(FAIRSEQ_PRESET_OF))}, got {new_arch!r}")
     for official, ours in OFFICIAL_OPTION_NAMES.items():
-        value = _get(options, official)
+        value = config_option(options, official)
         if value is not None:
-            current = _get(options, ours)
+            current = config_option(options, ours)
             if current is not None and current != value:
                 raise UserError(f"the checkpoint sets both {official}={value} and {ours}={current}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise UserError(f"the checkpoint's {official} is {str(value)[:40]!r}, not a finite number")
-            _set(options, ours, float(value))
-        _drop(options, official)
+            set_config_option(options, ours, float(value))
+        drop_config_option(options, official)
     for side in ("encoder", "decoder"):
-        if _get(options, f"{side}_normalize_before"):
+        if config_option(options, f"{side}_normalize_before"):
             raise UserError(f"the checkpoint's {side} is Pre-LN ({side}_normalize_before): not a ResiDual model")
-    _set(options, "_name", new_arch)
-    if _get(options, "arch") is not None or isinstance(options, Namespace):
-        _set(options, "arch", new_arch)
+    set_config_option(options, "_name", new_arch)
+    if config_option(options, "arch") is not None or isinstance(options, Namespace):
+        set_config_option(options, "arch", new_arch)
     # Release 0.1 of this project kept LN_final one module deeper.
     model = state["model"]
     for key in [k for k in model if ".layer_norm.norm." in k]:
@@ -157,8 +139,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     state = convert_checkpoint(args.source, args.output, args.arch)
     options = _options(state)
-    print(f"wrote {args.output}: arch {_get(options, 'arch') or _get(options, '_name')}, "
-          + ", ".join(f"{name}={_get(options, name)}" for name in OFFICIAL_OPTION_NAMES.values()))
+    print(f"wrote {args.output}: arch {config_option(options, 'arch') or config_option(options, '_name')}, "
+          + ", ".join(f"{name}={config_option(options, name)}" for name in OFFICIAL_OPTION_NAMES.values()))
 
 
 if __name__ == "__main__":

@@ -40,10 +40,11 @@ from typing import Optional, Sequence
 
 from . import USER_DIR
 from . import average_checkpoints as averaging
-from .argtypes import check_output_file, finite_float, int_at_least, positive_int, read_user_lines, shell_words
+from .argtypes import (check_output_file, finite_float, int_at_least, positive_int, read_user_lines, same_file,
+                       shell_words)
 from .atomic import atomic_output
 from .average_checkpoints import average_last_checkpoints
-from .data.binarized import check_split
+from .data.binarized import SENTENCEPIECE_MARK, check_split, dictionary_segmentation
 from .errors import UserError, cli_main
 from .passthrough import refuse_flags
 from .runtime import (
@@ -315,19 +316,6 @@ def result_files(out_json, averaged: bool = False) -> dict:
     return files
 
 
-def _same_file(a, b) -> bool:
-    a, b = Path(a), Path(b)
-    try:
-        if a.resolve() == b.resolve():
-            return True
-    except (OSError, RuntimeError):  # a symlink loop: compare what can be compared
-        pass
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
-
-
 def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> None:
     """UserError when a file the run would write is (or, through symlinks, resolves to) one of its inputs.
 
@@ -335,7 +323,7 @@ def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> N
     """
     for output in outputs:
         for role, path in inputs:
-            if path is not None and _same_file(output, path):
+            if path is not None and same_file(output, path):
                 written = "" if Path(output) == Path(out_json) else f" (its side file {output})"
                 raise UserError(f"{flag} {out_json}{written} would overwrite {role} {path}: "
                                 f"choose another result file")
@@ -350,32 +338,6 @@ def data_input_files(data_bin, subset):
 
 
 _SPLIT_FILE = r"{subset}\d*\.([^.\-]+)-([^.\-]+)\.[^.]+\.(bin|idx)$"
-SENTENCEPIECE_MARK = "\u2581"
-
-
-def dictionary_segmentation(dictionary, threshold: float = 0.1):
-    """(method, marked entries, entries): ``"sentencepiece"`` when at least ``threshold`` of the
-    dictionary's entries carry the ``▁`` word-start mark, ``"subword_nmt"`` when they end in ``@@``,
-    else None."""
-    entries = spm = bpe = 0
-    try:
-        lines = Path(dictionary).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None, 0, 0
-    for line in lines:
-        token = line.split(" ", 1)[0]
-        if not token or token.startswith("#fairseq:"):
-            continue
-        entries += 1
-        spm += token.startswith(SENTENCEPIECE_MARK)
-        bpe += token.endswith("@@")
-    if entries and spm >= threshold * entries:
-        return "sentencepiece", spm, entries
-    if entries and bpe >= threshold * entries:
-        return "subword_nmt", bpe, entries
-    return None, 0, entries
-
-
 def prepare_manifest_of(data_bin):
     """(manifest, path) of residual-fairseq-prepare's ``OUT/manifest.json`` for ``OUT/bin``; (None, None) else."""
     from .data.errors import DataPreparationError

@@ -27,14 +27,13 @@ CLI (the bundled sample: an es->en model fine-tuned on en->es)::
 import argparse
 import filecmp
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
-from .argtypes import check_output_dir, positive_int
+from .argtypes import check_output_dir, positive_int, same_file
 from .errors import UserError, cli_main
 from .passthrough import refuse_flags
 from .runtime import add_verbose_flag
@@ -215,13 +214,6 @@ def recorded_finetune(save_dir: Path) -> Optional[tuple]:
     return Path(extra_args[index + 1]), Path(record["data"])
 
 
-def _same_file(path: Path, other: Path) -> bool:
-    try:
-        return path.is_file() and os.path.samefile(path, other)
-    except OSError:
-        return False
-
-
 def check_save_dir(request: FinetuneRequest) -> None:
     """Refuse a ``--save-dir`` where fairseq would not fine-tune the checkpoint, or would write over it.
 
@@ -239,7 +231,7 @@ def check_save_dir(request: FinetuneRequest) -> None:
         raise UserError(f"--save-dir {save_dir} is the directory of --checkpoint {request.checkpoint}: fine-tuning "
                         "would write checkpoint_best.pt and checkpoint_last.pt there, over the model it starts "
                         "from (or resume that run instead); choose another --save-dir")
-    holding = next((entry for entry in sorted(save_dir.iterdir()) if _same_file(entry, checkpoint)), None)
+    holding = next((entry for entry in sorted(save_dir.iterdir()) if same_file(entry, checkpoint)), None)
     if holding is not None:
         raise UserError(f"--save-dir {save_dir} holds --checkpoint {request.checkpoint} (as {holding.name}): "
                         "fine-tuning could write over it; choose another --save-dir")

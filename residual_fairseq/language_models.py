@@ -31,7 +31,7 @@ from .atomic import write_text_atomically
 from .errors import UserError
 from .passthrough import refuse_flags
 from .runtime import fairseq_executable, quiet_hub_batches, thread_environment
-from .safe_checkpoints import read_checkpoint
+from .safe_checkpoints import checkpoint_task, checkpoint_task_option, read_checkpoint
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
 _TOKENS_LINE = re.compile(r"Evaluated ([0-9,]+) tokens")
@@ -241,19 +241,9 @@ def load_language_model(checkpoint, data=None, cpu: Optional[bool] = None) -> La
 
 def check_language_model_checkpoint(state: dict, checkpoint) -> Optional[str]:
     """UserError unless a verified checkpoint state is a language model; returns its stored data directory."""
-    task, stored_data = _stored_task(state)
+    task, stored_data = checkpoint_task(state)[0], checkpoint_task_option(state, "data")
     if task != "language_modeling":
         raise UserError(f"{checkpoint} is a {task or 'unknown-task'} checkpoint, not a language model "
                         "(for translation models use residual_fairseq.translate / residual-fairseq-evaluate "
                         "with translation data)")
     return stored_data
-
-
-def _stored_task(state: dict):
-    """(task name, data directory) as stored in a verified checkpoint state."""
-    cfg = state.get("cfg") or {}
-    task = cfg.get("task") if isinstance(cfg, dict) else None
-    if isinstance(task, dict):
-        return task.get("_name"), task.get("data")
-    args = state.get("args")
-    return getattr(args, "task", None), getattr(args, "data", None)

@@ -337,12 +337,6 @@ def _check_plain_config(config, where, path):
                                   "not a config value")
 
 
-def _config_get(section, key):
-    if isinstance(section, argparse.Namespace):
-        return getattr(section, key, None)
-    return section.get(key) if isinstance(section, dict) else None
-
-
 def check_fairseq_layout(state, path) -> None:
     """Raise :class:`CheckpointError` unless ``state`` has the layout of a fairseq checkpoint."""
     malformed = f"checkpoint {path} is not a fairseq checkpoint"
@@ -406,20 +400,25 @@ def checkpoint_architecture(state):
     if state.get("args") is not None:
         return getattr(state["args"], "arch", None)
     model_cfg = (state.get("cfg") or {}).get("model")
-    return _config_get(model_cfg, "_name") or _config_get(model_cfg, "arch")
+    return config_option(model_cfg, "_name") or config_option(model_cfg, "arch")
 
 
 def checkpoint_task(state):
     """(task name, source language, target language) stored in a verified checkpoint
     state; each None when not stored as a string."""
     args = state.get("args")
-    if args is not None:
-        values = (_config_get(args, "task"), _config_get(args, "source_lang"), _config_get(args, "target_lang"))
-    else:
-        task = (state.get("cfg") or {}).get("task")
-        values = (_config_get(task, "_name") or _config_get(task, "task"),
-                  _config_get(task, "source_lang"), _config_get(task, "target_lang"))
-    return tuple(value if isinstance(value, str) else None for value in values)
+    name = config_option(args, "task") if args is not None else (
+        checkpoint_task_option(state, "_name") or checkpoint_task_option(state, "task"))
+    return (name if isinstance(name, str) else None, checkpoint_task_option(state, "source_lang"),
+            checkpoint_task_option(state, "target_lang"))
+
+
+def checkpoint_task_option(state, key):
+    """A task option (``data``, ``source_lang``...) stored in a verified checkpoint state
+    (its ``args``, else its ``cfg.task``); None unless it is a string."""
+    args = state.get("args")
+    value = config_option(args if args is not None else (state.get("cfg") or {}).get("task"), key)
+    return value if isinstance(value, str) else None
 
 
 def read_checkpoint(path) -> dict:
@@ -506,17 +505,18 @@ MAX_CHECKED_LAYERS = 1000  # deeper than any model this project (or fairseq's ex
 BUILT_ELEMENTS_SLACK = 1 << 24
 
 
-def _option(config, name):
-    """A model option of a Namespace, dict or omegaconf config; None when absent."""
+def config_option(config, name):
+    """An option of a fairseq config: an argparse Namespace, a dict or an omegaconf config
+    (as stored in checkpoints, or built in memory); None when absent or not a config."""
     try:
         if isinstance(config, dict) or OmegaConf.is_config(config):
             return config.get(name)
-        return getattr(config, name, None)
     except Exception:  # noqa: BLE001  (omegaconf's struct errors: the option is absent)
         return None
+    return getattr(config, name, None) if isinstance(config, argparse.Namespace) else None
 
 
-def _set_option(config, name, value):
+def set_config_option(config, name, value):
     if OmegaConf.is_config(config):
         with open_dict(config):
             config[name] = value
@@ -526,18 +526,25 @@ def _set_option(config, name, value):
         setattr(config, name, value)
 
 
+def drop_config_option(config, name):
+    if isinstance(config, argparse.Namespace):
+        config.__dict__.pop(name, None)
+    else:
+        config.pop(name, None)
+
+
 def _forget_initialisation_files(state):
     """Clear the :data:`INITIALISATION_FILE_OPTIONS` of a checkpoint's model config
     (flat, or nested as ``encoder.embed_path``), before the caller's overrides."""
-    model_configs = [state.get("args"), _option(state.get("cfg"), "model")]
+    model_configs = [state.get("args"), config_option(state.get("cfg"), "model")]
     for config in model_configs:
         for name in INITIALISATION_FILE_OPTIONS:
-            if _option(config, name) is not None:
-                _set_option(config, name, None)
+            if config_option(config, name) is not None:
+                set_config_option(config, name, None)
         for stack in ("encoder", "decoder"):
-            nested = _option(config, stack)
-            if isinstance(nested, (dict, argparse.Namespace)) and _option(nested, "embed_path") is not None:
-                _set_option(nested, "embed_path", None)
+            nested = config_option(config, stack)
+            if isinstance(nested, (dict, argparse.Namespace)) and config_option(nested, "embed_path") is not None:
+                set_config_option(nested, "embed_path", None)
 
 
 class SizedDictionary:
@@ -562,9 +569,9 @@ def check_layer_counts(model_cfg, weights, path) -> None:
     """Refuse a config asking for more encoder/decoder layers than the weights hold
     (building even empty layers costs time and memory per layer)."""
     for stack in ("encoder", "decoder"):
-        asked = _option(model_cfg, f"{stack}_layers")
+        asked = config_option(model_cfg, f"{stack}_layers")
         if asked is None:
-            asked = _option(_option(model_cfg, stack), "layers")
+            asked = config_option(config_option(model_cfg, stack), "layers")
         if not isinstance(asked, int) or isinstance(asked, bool):
             continue  # other models spell layers otherwise (fconv: a string); fairseq checks those
         stored = _stored_layers(weights, stack)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from .argtypes import finite_float, int_at_least, positive_int, read_user_lines, decode_user_text, split_lines
+from .data.binarized import dictionary_segmentation
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
 from .safe_checkpoints import WeightsMismatchError, checkpoint_task, load_models, read_checkpoint
@@ -105,27 +106,11 @@ def find_subword_model(data_dir):
     return None, None
 
 
-def subword_marks(dictionary_path, sample=2000):
-    """The subword method whose marks a fairseq dictionary's entries carry: "sentencepiece"
-    (pieces starting with ▁), "subword_nmt" (tokens ending in @@), or None."""
-    words = []
-    with open(dictionary_path, encoding="utf-8", errors="replace") as lines:
-        for line, _ in zip(lines, range(sample)):
-            words.append(line.split(" ", 1)[0])
-    if not words:
-        return None
-    if sum(word.startswith("\u2581") for word in words) > len(words) // 4:
-        return "sentencepiece"
-    if sum(word.endswith("@@") for word in words) > len(words) // 10:
-        return "subword_nmt"
-    return None
-
-
 def check_no_subword_marks(data) -> None:
     """With ``bpe="auto"`` and no subword model found: refuse dictionaries of subword units,
     which would turn raw input into unknown words and print pieces (\u2581, @@) as output."""
     for dictionary in sorted(Path(data).glob("dict.*.txt")):
-        method = subword_marks(dictionary)
+        method = dictionary_segmentation(dictionary)[0]
         if method is not None:
             flag = {"sentencepiece": "--sentencepiece-model FILE", "subword_nmt": "--bpe-codes FILE"}[method]
             raise UserError(f"{dictionary} holds {method} units, but no subword model was found in {data} or its "

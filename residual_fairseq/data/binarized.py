@@ -52,6 +52,32 @@ def dictionary_size(path) -> int:
         raise UserError(f"{path} is not a fairseq dictionary: {detail}") from None
 
 
+SENTENCEPIECE_MARK = "\u2581"
+
+
+def dictionary_segmentation(dictionary, threshold: float = 0.1):
+    """(method, marked entries, entries): ``"sentencepiece"`` when at least ``threshold`` of the
+    dictionary's entries carry the ``▁`` word-start mark, ``"subword_nmt"`` when they end in ``@@``,
+    else None. How evaluate and translate tell a dictionary of subword units."""
+    entries = spm = bpe = 0
+    try:
+        lines = Path(dictionary).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None, 0, 0
+    for line in lines:
+        token = line.split(" ", 1)[0]
+        if not token or token.startswith("#fairseq:"):
+            continue
+        entries += 1
+        spm += token.startswith(SENTENCEPIECE_MARK)
+        bpe += token.endswith("@@")
+    if entries and spm >= threshold * entries:
+        return "sentencepiece", spm, entries
+    if entries and bpe >= threshold * entries:
+        return "subword_nmt", bpe, entries
+    return None, 0, entries
+
+
 def check_dictionaries(data) -> dict:
     """Every dictionary of a data directory (``dict.txt``, ``dict.<lang>.txt``): {file name: size}."""
     check_unsplit_path(data)
