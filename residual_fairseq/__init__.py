@@ -6,7 +6,8 @@ input (docs/reliability.md): it allowlists the few globals that fairseq's checkp
 files need under ``torch.load(weights_only=True)``, opens every checkpoint through
 :func:`residual_fairseq.safe_checkpoints.load_checkpoint_to_cpu` (checked before it
 is unpickled), and gives fairseq a literal-only ``eval`` for config strings
-(:mod:`residual_fairseq.config_strings`).
+(:mod:`residual_fairseq.config_strings`). In a fairseq-train that residual-fairseq-train
+resumed, it also restores ``--patience``'s count (:mod:`residual_fairseq.early_stopping`).
 """
 import logging
 import os
@@ -18,7 +19,7 @@ from . import runtime  # noqa: E402  (stdlib only)
 runtime.exit_quietly_on_interrupt_while_starting()  # before the seconds of importing fairseq
 runtime.report_user_errors_in_fairseq_commands()  # a refused checkpoint in fairseq-generate: one line
 
-from . import config_strings, safe_checkpoints  # noqa: E402
+from . import config_strings, early_stopping, safe_checkpoints  # noqa: E402
 from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ USER_DIR = os.path.dirname(os.path.abspath(__file__))
 safe_checkpoints.allow_fairseq_checkpoint_globals()
 safe_checkpoints.install_loading_guard()
 config_strings.close_fairseq_eval_calls()
+early_stopping.restore_in_fairseq_train()  # only in a fairseq-train that residual-fairseq-train resumed
 runtime.undo_debug_logging_of_fairseq_import(_ROOT_LOG_LEVEL)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from . import configs, train
 from .atomic import atomic_output, write_text_atomically
+from .training_log import validation_curve
 from .variants import COLOURS
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ LM_METRICS = (
     ("test_loss", "test loss (base 2)"),
     ("best_valid_ppl", "best valid perplexity"),
 )
-_VALID_LINE = re.compile(r"\| valid \| (\{.*\})\s*$")
 _EARLY_STOP = re.compile(r"early stop since valid performance hasn't improved for last (\d+) runs")
 
 
@@ -62,26 +62,6 @@ def dig(value, keys):
 
 def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def validation_curve(log_path: Path) -> List[dict]:
-    """(epoch, updates, loss, bleu) of every validation in a fairseq ``--log-format json`` log file."""
-    points = []
-    if not Path(log_path).is_file():
-        return points
-    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
-        match = _VALID_LINE.search(line)
-        if not match:
-            continue
-        try:
-            stats = json.loads(match.group(1))
-            bleu = stats.get("valid_bleu")
-            points.append({"epoch": int(float(stats.get("epoch", 0))),
-                           "updates": int(float(stats["valid_num_updates"])), "loss": float(stats["valid_loss"]),
-                           "bleu": float(bleu) if bleu is not None else None})
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue  # not a line fairseq wrote (a damaged or edited log): it is not a validation
-    return points
 
 
 def run_metrics(run: "Run") -> dict:

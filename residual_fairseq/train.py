@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from . import USER_DIR, configs
+from . import USER_DIR, configs, early_stopping
 from .argtypes import check_output_dir, int_at_least, positive_int
 from .data import binarized
 from .errors import UserError, cli_main
@@ -531,7 +531,7 @@ def forwarding_stop_signals(processes):
 
 
 def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None, progress: Optional[bool] = None,
-            extra_args=()) -> int:
+            extra_args=(), environment=None) -> int:
     """Run the plan's processes (all at once) and return the first non-zero status, else 0.
 
     Rank 0's output goes to the console and ``SAVE_DIR/train.log``; rank R's to
@@ -539,7 +539,8 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
     progress bar on the console instead of rank 0's log lines. Each process runs in its own process group and dies
     with the driver: SIGTERM/SIGINT are forwarded to the groups (the driver then ends
     by the same signal), and a driver killed outright takes them with it
-    (``PR_SET_PDEATHSIG``). ``lock_fd`` (the save dir's lock) is inherited by the children.
+    (``PR_SET_PDEATHSIG``). ``lock_fd`` (the save dir's lock) is inherited by the children;
+    ``environment`` adds variables to theirs.
     """
     if progress is None:
         progress = sys.stdout.isatty()
@@ -548,7 +549,7 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
         display = ProgressDisplay(_setting(train_plan, "optimization", "max_update", extra_args),
                                   _setting(train_plan, "optimization", "max_epoch", extra_args))
         display.write(f"progress bar below; fairseq's full log: {save_dir / LOG_NAME}")
-    env = thread_environment(train_plan.threads)
+    env = {**thread_environment(train_plan.threads), **(environment or {})}
     processes, copiers, failed = [], [], []
     with forwarding_stop_signals(processes) as received:
         try:
@@ -621,6 +622,26 @@ def resume_note(save_dir) -> Optional[str]:
     return f"resuming from {last} ({progress})"
 
 
+# fairseq does not restore its best score when these are given; nor is patience then carried on.
+RESET_FLAGS = ("reset_optimizer", "reset_meters")
+
+
+def resumed_early_stopping(train_plan: TrainPlan, save_dir: Path, extra_args=()) -> dict:
+    """The environment that carries ``--patience`` over a resume (:mod:`residual_fairseq.early_stopping`)."""
+    checkpoint = train_plan.settings.get("checkpoint", {})
+    if _setting(train_plan, "checkpoint", "patience", extra_args) <= 0:
+        return {}
+    given = {word.partition("=")[0].replace("_", "-") for word in extra_args}
+    if any(checkpoint.get(key) or "--" + key.replace("_", "-") in given for key in RESET_FLAGS):
+        print("note: --reset-optimizer/--reset-meters: patience restarts from this resume", flush=True)
+        return {}
+    valid = passthrough_value(extra_args, "--valid-subset") or train_plan.settings.get("dataset", {}).get(
+        "valid_subset") or "valid"
+    state, line = early_stopping.resumed_state(save_dir, save_dir / LOG_NAME, valid.split(",")[0])
+    print(f"note: {line}", flush=True)
+    return early_stopping.environment(state)
+
+
 def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     """Plan, print and (unless ``dry_run``) run one training; UserError if fairseq fails."""
     train_plan = plan(request)
@@ -631,12 +652,15 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
         return train_plan
     with save_dir_lock(request.save_dir) as lock_fd:
         note = resume_note(request.save_dir)
+        environment = {}
         if note:
             print(f"note: {note}", flush=True)
+            environment = resumed_early_stopping(train_plan, Path(request.save_dir), request.extra_args)
         write_run_record(request, train_plan)
         if needs_profile(request.variant):
             ensure_admin_profile(request, train_plan)
-        returncode = execute(train_plan, Path(request.save_dir), lock_fd, request.progress, request.extra_args)
+        returncode = execute(train_plan, Path(request.save_dir), lock_fd, request.progress, request.extra_args,
+                             environment)
     if returncode != 0:
         raise UserError(f"fairseq-train exited {returncode} (log: {Path(request.save_dir) / LOG_NAME})")
     return train_plan

@@ -5,8 +5,9 @@ import shlex
 import pytest
 
 from helpers import CLI_ENV, REPO, run, user_error
-from residual_fairseq import train
+from residual_fairseq import early_stopping, train
 from residual_fairseq.errors import UserError
+from residual_fairseq.training_log import validation_curve
 
 # Small enough for seconds of CPU training on the toy corpus.
 TINY = ["--max-update", "4", "--max-tokens", "1200", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -228,3 +229,51 @@ def test_tensorboard_logdir_writes_event_files(toy_data_bin, tmp_path):
     assert "Please install tensorboardX" not in proc.stdout + proc.stderr
     events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
     assert events and any(path.stat().st_size > 100 for path in events)
+
+
+# Loss is the metric and "higher is better": every validation after the first is worse
+# (training lowers the loss), so patience counts them all and decides where a run stops.
+PATIENCE_2 = ["--patience", "2", "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"]
+
+
+def test_a_resumed_run_keeps_counting_patience(toy_data_bin, tmp_path):
+    save_dir, log = tmp_path / "ck", tmp_path / "ck" / "train.log"
+    base = ["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",
+            "--layers", "2", "--data", toy_data_bin, "--save-dir", save_dir, "--", *TINY, "--max-update", "1000",
+            *PATIENCE_2]
+    run(base + ["--max-epoch", "2"], env=CLI_ENV)  # epoch 1 is the best, epoch 2 one validation since
+    state, _ = early_stopping.resumed_state(save_dir, log)
+    assert state["runs"] == 1 and state["best"] == pytest.approx(validation_curve(log)[0]["loss"], abs=5e-4)
+
+    resumed = run(base + ["--max-epoch", "6"], env=CLI_ENV)
+    assert "patience continues: best validation" in resumed.stdout and "1 validation(s) since" in resumed.stdout
+    curve = validation_curve(log)
+    assert [point["epoch"] for point in curve] == [1, 2, 3]  # fairseq alone would train to epoch 5
+    assert max(curve, key=lambda point: point["loss"])["epoch"] == 1  # what the count relied on
+    assert "hasn't improved for last 2 runs" in resumed.stdout
+
+    # Without the evidence the count is not guessed: fairseq's own behaviour, said in one line.
+    log.write_text("")  # a deleted log
+    state, line = early_stopping.resumed_state(save_dir, log)
+    assert state is None and "lacks the best validation" in line and "patience restarts" in line
+    (save_dir / "checkpoint_best.pt").unlink()
+    state, line = early_stopping.resumed_state(save_dir, log)
+    assert state is None and "no checkpoint_best.pt" in line
+    assert early_stopping.environment(None) == {}
+
+
+def test_fairseq_train_takes_the_count_only_from_a_well_formed_variable(monkeypatch):
+    import fairseq_cli.train
+
+    stop_early = fairseq_cli.train.should_stop_early
+    for name in ("best", "num_runs"):
+        monkeypatch.delattr(stop_early, name, raising=False)
+    variable = early_stopping.ENVIRONMENT_VARIABLE
+    assert not early_stopping.restore_in_fairseq_train({})
+    for bad in ("{", '{"best": "nan", "runs": 1}', '{"best": 1.0, "runs": -1}', '{"best": 1.0}', "[]"):
+        assert not early_stopping.restore_in_fairseq_train({variable: bad})
+        assert not hasattr(stop_early, "best")
+    monkeypatch.setattr(stop_early, "best", None, raising=False)  # restored by monkeypatch afterwards
+    monkeypatch.setattr(stop_early, "num_runs", None, raising=False)
+    assert early_stopping.restore_in_fairseq_train(early_stopping.environment({"best": 4.5, "runs": 3}))
+    assert (stop_early.best, stop_early.num_runs) == (4.5, 3)
