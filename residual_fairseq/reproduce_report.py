@@ -5,8 +5,9 @@ validation) are read, never trusted blindly: a result this tool did not write is
 one-line error (:meth:`residual_fairseq.reproduce.Run.result`), damaged log lines are
 skipped. :func:`write_reports` writes::
 
-    OUT/results.md  OUT/results.csv    mean ± std over seeds per dataset, variant, depth
-                                       (the markdown adds which differences are beyond seed noise)
+    OUT/results.md  OUT/results.csv    mean ± std over seeds per dataset, variant, depth; seeds
+                                       that did not learn or failed are named apart (the markdown
+                                       adds which differences are beyond seed noise)
     OUT/runs.md     OUT/runs.json      every run as it stands, seed by seed
     OUT/curves.png                     validation loss and BLEU against updates
 """
@@ -113,7 +114,10 @@ def run_record(run: "Run") -> dict:
               "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
     if run.finished:
         result = run.result()
-        record.update({column: value for column, value in run_metrics(run).items() if column.startswith("test_")})
+        metrics = run_metrics(run)
+        record.update({column: value for column, value in metrics.items() if column.startswith("test_")})
+        if did_not_learn(metrics):
+            record["status"] = "finished, did not learn"
         record["checkpoint"] = Path(str(result.get("checkpoint", "?"))).name
         if "sacrebleu" in result:
             record["beam"] = dig(result, ("generation", "beam"))
@@ -139,6 +143,20 @@ def runs_markdown(records: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A finished translation run scoring below this test sacreBLEU did not learn to translate.
+# At lr 5e-3 Post-LN and DeepNet runs became target-side language models (the source is
+# worth 0 bits to them, docs/baselines.md) and scored 0.09. Such runs are named in the
+# "did not learn" column and left out of mean ± std and of the seed-noise tests: a mean
+# over them would mix "does it train at this setting" with "how well does it translate".
+DID_NOT_LEARN_BELOW_BLEU = 1.0
+
+
+def did_not_learn(metrics: dict) -> bool:
+    """Whether a finished run's numbers (:func:`run_metrics`) say it never learned to translate."""
+    bleu = metrics.get("test_bleu")
+    return bleu is not None and bleu < DID_NOT_LEARN_BELOW_BLEU
+
+
 def mean_std(values):
     """Mean and sample standard deviation (None when there are fewer than 2 values)."""
     values = [value for value in values if value is not None]
@@ -151,17 +169,22 @@ def mean_std(values):
 
 
 def summarize(runs: List["Run"]) -> List[dict]:
-    """One row per (dataset, variant, layers) over the finished seeds; failed seeds are named in ``failed``."""
+    """One row per (dataset, variant, layers): mean ± std over the finished seeds that learned;
+    seeds that did not learn (:data:`DID_NOT_LEARN_BELOW_BLEU`) are named in ``did_not_learn``,
+    failed ones in ``failed``."""
     groups = {}
     for run in runs:
         if run.finished or run.failure:
             groups.setdefault((run.dataset, run.variant, run.layers), []).append(run)
     rows = []
     for (dataset, variant, layers), members in groups.items():
-        finished = [run for run in members if run.finished]
-        metrics = [run_metrics(run) for run in finished]
+        finished = [(run, run_metrics(run)) for run in members if run.finished]
+        learned = [(run, metrics) for run, metrics in finished if not did_not_learn(metrics)]
+        metrics = [metrics for _, metrics in learned]
         row = {"dataset": dataset, "variant": variant, "layers": layers,
-               "seeds": " ".join(str(run.seed) for run in finished),
+               "seeds": " ".join(str(run.seed) for run, _ in learned),
+               "did_not_learn": "; ".join(f"seed {run.seed} ({metrics['test_bleu']:.2f} BLEU)"
+                                          for run, metrics in finished if did_not_learn(metrics)),
                "failed": "; ".join(f"seed {run.seed}: {run.failure}" for run in members if not run.finished)}
         for column, _ in metrics_for(dataset):
             row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
@@ -177,15 +200,16 @@ NOISE_ALPHA = 0.05
 
 def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA) -> List[dict]:
     """Per dataset, depth and test metric: each variant against the best one, by Welch's
-    t-test over their seeds (two-sided; variants with fewer than 2 finished seeds are left out).
+    t-test over their seeds (two-sided; seeds that did not learn are left out, and so are
+    variants with fewer than 2 finished seeds that learned).
 
     A difference is "beyond seed noise" when p < ``alpha``. No correction for the several
     comparisons is made: with 3 seeds a test this small is a guide, not proof.
     """
     values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
     for run in runs:
-        if run.finished:
-            metrics = run_metrics(run)
+        metrics = run_metrics(run) if run.finished else None
+        if metrics is not None and not did_not_learn(metrics):
             for metric in NOISE_METRICS:
                 if metrics.get(metric) is not None:
                     values.setdefault((run.dataset, run.layers, metric), {}).setdefault(run.variant, []).append(
@@ -217,7 +241,8 @@ def seed_noise_markdown(rows: List[dict]) -> str:
     if not rows:
         return ""
     lines = [f"\nEach variant against the best, Welch's t-test over the seeds (two-sided, p < {NOISE_ALPHA}; "
-             "no correction for the several comparisons; a variant with one finished seed is left out):\n",
+             "no correction for the several comparisons; seeds that did not learn and variants with one "
+             "finished seed are left out):\n",
              "| dataset | layers | metric | best | variant | difference | p | verdict |", "|" + "---|" * 8]
     for row in rows:
         p_value = "-" if math.isnan(row["p"]) else f"{row['p']:.3f}"
@@ -232,13 +257,20 @@ def _cell(mean, std):
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
+def _outcome_columns(metrics):
+    """The columns naming seeds left out of the means: "did not learn" applies to translation only."""
+    return (["did_not_learn"] if metrics is METRICS else []) + ["failed"]
+
+
 def markdown_table(rows: List[dict], metrics=METRICS) -> str:
-    header = ["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics] + ["failed"]
+    outcomes = _outcome_columns(metrics)
+    header = (["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics]
+              + [column.replace("_", " ") for column in outcomes])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"] or "-"]
         cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
-        cells.append(row.get("failed", "").replace("|", "/") or "-")
+        cells += [row.get(column, "").replace("|", "/") or "-" for column in outcomes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -246,7 +278,7 @@ def markdown_table(rows: List[dict], metrics=METRICS) -> str:
 def csv_table(rows: List[dict], metrics=METRICS) -> str:
     buffer = io.StringIO()
     fields = (["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
-              + ["failed"])
+              + _outcome_columns(metrics))
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:

@@ -160,8 +160,8 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     assert "has no checkpoint_best.pt (trained without validation?): evaluating checkpoint_last.pt" in out
     assert evaluated == [runs[1].save_dir / "checkpoint_last.pt"]
     table = (tmp_path / "out" / "results.md").read_text()
-    assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
-    assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | 7.50 | - |" in table
+    assert "| sample-es-en | post_ln | 5 | - | - | - | - | - | - | - | - | seed 1: fairseq-train exited 1" in table
+    assert "| sample-es-en | resi_dual | 5 | 1 | 12.50 | 40.00 | 13.00 | - | 7.50 | 7.50 | - | - |" in table
 
 
 def test_a_jobs_child_is_the_same_run(tmp_path):
@@ -403,6 +403,29 @@ def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
     table = report.write_reports(runs, tmp_path / "out")["markdown"].read_text()
     assert "Welch's t-test over the seeds" in table
     assert "| sample-es-en | 6 | test sacreBLEU | resi_dual | post_ln | -10.17 |" in table
+
+
+def test_seeds_that_did_not_learn_are_named_apart_from_the_means(tmp_path):
+    """A finished seed scoring below 1 sacreBLEU (a run that became a target-side language
+    model) is named in "did not learn" and left out of mean ± std and the seed-noise test."""
+    bleu = {"post_ln": [16.0, 0.09, 18.0], "resi_dual": [20.0, 21.0, 22.5]}
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", list(bleu), layers=[6],
+                            seeds=[1, 2, 3])
+    for run_ in runs:
+        _finished(run_, bleu[run_.variant][run_.seed - 1], chrf=40.0)
+    rows = {row["variant"]: row for row in report.summarize(runs)}
+    assert rows["post_ln"]["seeds"] == "1 3" and rows["post_ln"]["test_bleu_mean"] == 17.0
+    assert rows["post_ln"]["did_not_learn"] == "seed 2 (0.09 BLEU)" and rows["resi_dual"]["did_not_learn"] == ""
+    noise = [row for row in report.seed_noise(runs) if row["metric"] == "test sacreBLEU"]
+    assert [row["variant"] for row in noise] == ["post_ln"]
+    assert abs(noise[0]["difference"] - (17.0 - 21.166666666666668)) < 1e-9  # over seeds 1 and 3 only
+    paths = report.write_reports(runs, tmp_path / "out")
+    table = paths["markdown"].read_text()
+    assert "| test sacreBLEU | test chrF |" in table and "| did not learn | failed |" in table
+    assert "| sample-es-en | post_ln | 6 | 1 3 | 17.00 ± 1.41 |" in table and "| seed 2 (0.09 BLEU) | - |" in table
+    assert "did_not_learn,failed" in paths["csv"].read_text().splitlines()[0]
+    statuses = [record["status"] for record in json.loads(paths["runs_json"].read_text())]
+    assert statuses.count("finished, did not learn") == 1 and statuses.count("finished") == 5
 
 
 def test_a_driver_imports_everything_it_evaluates_with_when_it_starts():
