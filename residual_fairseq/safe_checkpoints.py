@@ -496,8 +496,12 @@ def prepare_for_fairseq(state, path, arg_overrides=None):
 
 # Options a model reads only to initialise weights from a file, weights that a loaded
 # checkpoint then replaces: a checkpoint never needs those files (and must not make a
-# loader open a path it names, /dev/zero included).
-INITIALISATION_FILE_OPTIONS = ("admin_profile", "encoder_embed_path", "decoder_embed_path")
+# loader open a path it names, /dev/zero included). Each is set to what it means at
+# load: no file, or for Admin's profile WEIGHTS_FROM_CHECKPOINT, which tells the model
+# that its omegas are the checkpoint's (so it does not warn that they start at 1).
+WEIGHTS_FROM_CHECKPOINT = "<weights from the checkpoint>"
+INITIALISATION_FILE_OPTIONS = {"admin_profile": WEIGHTS_FROM_CHECKPOINT, "encoder_embed_path": None,
+                               "decoder_embed_path": None}
 # A model may hold a little more than its stored weights (sinusoidal position tables,
 # buffers), never many times more.
 MAX_BUILT_PER_STORED_ELEMENT = 2
@@ -533,14 +537,20 @@ def drop_config_option(config, name):
         config.pop(name, None)
 
 
+def _has_option(config, name) -> bool:
+    if isinstance(config, argparse.Namespace):
+        return hasattr(config, name)
+    return (isinstance(config, dict) or OmegaConf.is_config(config)) and name in config
+
+
 def _forget_initialisation_files(state):
-    """Clear the :data:`INITIALISATION_FILE_OPTIONS` of a checkpoint's model config
+    """Replace the :data:`INITIALISATION_FILE_OPTIONS` of a checkpoint's model config
     (flat, or nested as ``encoder.embed_path``), before the caller's overrides."""
     model_configs = [state.get("args"), config_option(state.get("cfg"), "model")]
     for config in model_configs:
-        for name in INITIALISATION_FILE_OPTIONS:
-            if config_option(config, name) is not None:
-                set_config_option(config, name, None)
+        for name, at_load in INITIALISATION_FILE_OPTIONS.items():
+            if _has_option(config, name) and config_option(config, name) != at_load:
+                set_config_option(config, name, at_load)
         for stack in ("encoder", "decoder"):
             nested = config_option(config, stack)
             if isinstance(nested, (dict, argparse.Namespace)) and config_option(nested, "embed_path") is not None:

@@ -1,5 +1,6 @@
 """DeepNet, Admin and B2T through fairseq's training, checkpoints and both entry points."""
 import json
+import logging
 import sys
 import re
 from types import SimpleNamespace
@@ -52,7 +53,8 @@ def train_in_memory(args, steps=12):
 
 
 @pytest.mark.parametrize("variant", sorted(MODEL_CLASSES))
-def test_flat_cli_options_reach_the_model_and_a_checkpoint_decodes_identically(variant, toy_data_bin, tmp_path):
+def test_flat_cli_options_reach_the_model_and_a_checkpoint_decodes_identically(variant, toy_data_bin, tmp_path,
+                                                                                caplog):
     args = tiny_args(toy_data_bin, f"{variant}_tiny", tmp_path)
     profile = None
     if variant == "admin":  # the profiling step, as residual-fairseq-train runs it
@@ -75,8 +77,11 @@ def test_flat_cli_options_reach_the_model_and_a_checkpoint_decodes_identically(v
 
     model.eval()
     in_memory = GeneratorHubInterface(cfg, task, [model])
-    reloaded = MODEL_CLASSES[variant].from_pretrained(
-        str(tmp_path), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(toy_data_bin))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="residual_fairseq"):
+        reloaded = MODEL_CLASSES[variant].from_pretrained(
+            str(tmp_path), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(toy_data_bin))
+    assert "omegas start at 1" not in caplog.text  # a loaded Admin's omegas are the checkpoint's
     assert type(reloaded.models[0]) is MODEL_CLASSES[variant]
     assert len(reloaded.models[0].encoder.layers) == 3 and len(reloaded.models[0].decoder.layers) == 2
     expected, actual = model.state_dict(), reloaded.models[0].state_dict()

@@ -44,6 +44,7 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 
 from ..atomic import write_text_atomically
+from ..safe_checkpoints import WEIGHTS_FROM_CHECKPOINT
 from .postln_family import PostLNFamilyModel, fairseq_preset_of, register_presets, stacks_with
 from .postln_layers import ModelConfigError, PostLNDecoderLayer, PostLNEncoderLayer
 
@@ -122,10 +123,7 @@ def read_profile(path) -> Dict[str, List[List[float]]]:
     try:
         info = path.stat()
     except OSError as err:
-        raise ModelConfigError(
-            f"Admin profile {path}: {err.strerror or err} (loading a trained checkpoint? its omegas are "
-            "in its weights: pass --model-overrides \"{'admin_profile': None}\")"
-        ) from None
+        raise ModelConfigError(f"Admin profile {path}: {err.strerror or err}") from None
     # A regular file only: a device or a pipe named by a (hostile) config could block or never end.
     if not stat.S_ISREG(info.st_mode):
         raise ModelConfigError(f"Admin profile {path} is not a regular file")
@@ -309,6 +307,8 @@ class AdminModel(PostLNFamilyModel):
     def after_build(cls, model, cfg) -> None:
         if cfg.admin_profile is not None and not isinstance(cfg.admin_profile, str):
             raise ModelConfigError(f"--admin-profile must be a file name, got {cfg.admin_profile!r}")
+        if cfg.admin_profile == WEIGHTS_FROM_CHECKPOINT:
+            return  # built to load a checkpoint: its trained omegas replace these
         if cfg.admin_profile:
             apply_profile(model, read_profile(cfg.admin_profile), source=f"profile {cfg.admin_profile}")
             logger.info(f"Admin omegas initialised from {cfg.admin_profile}")
