@@ -211,3 +211,26 @@ def test_published_outputs_get_the_permissions_of_a_plain_write(tmp_path):
         os.umask(previous)
     assert (tmp_path / "results.md").stat().st_mode & 0o777 == 0o640
     assert out_dir.stat().st_mode & 0o777 == 0o750
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
+    """A writer killed outright leaves its hidden temporary (of a multi-GB averaged
+    checkpoint, say); the next write of the same output removes it, and only it."""
+    import socket
+    import subprocess
+
+    from residual_fairseq.atomic import write_text_atomically
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    abandoned = tmp_path / f".avg.pt.{host}-{gone.pid}.ab12cd_9.tmp"
+    kept = [tmp_path / f".avg.pt.{host}-{os.getpid()}.ab12cd_9.tmp",  # a writer still running
+            tmp_path / f".avg.pt.{host}x-{gone.pid}.ab12cd_9.tmp",  # another machine's (a shared disk)
+            tmp_path / f".avg.pt.{host}-{gone.pid}.notes.tmp",       # not a name atomic_output gives
+            tmp_path / f".other.pt.{host}-{gone.pid}.ab12cd_9.tmp"]  # another output's
+    for path in [abandoned] + kept:
+        path.write_text("partial")
+    write_text_atomically(tmp_path / "avg.pt", "whole")
+    assert not abandoned.exists() and all(path.exists() for path in kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["avg.pt"] + [p.name for p in kept])

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ..atomic import process_alive
 from . import subword
 from .binarize import preprocess_arguments, run_fairseq_preprocess
 from .corpus import CorpusBuild
@@ -284,21 +285,9 @@ def remove_stale_staging(out_dir):
     for kind in ("partial", "old"):
         for folder in parent.glob(f".{out_dir.name}.{kind}-*"):
             pid = folder.name.rsplit("-", 1)[-1]
-            if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
                 logger.info("removing %s, left by an interrupted run (process %s)", folder, pid)
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def existing_preparation(out_dir, settings, force):
