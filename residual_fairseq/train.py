@@ -549,7 +549,9 @@ def execute(train_plan: TrainPlan, save_dir: Path, lock_fd: Optional[int] = None
         display = ProgressDisplay(_setting(train_plan, "optimization", "max_update", extra_args),
                                   _setting(train_plan, "optimization", "max_epoch", extra_args))
         display.write(f"progress bar below; fairseq's full log: {save_dir / LOG_NAME}")
-    env = {**thread_environment(train_plan.threads), **(environment or {})}
+    env = thread_environment(train_plan.threads)
+    env.pop(early_stopping.ENVIRONMENT_VARIABLE, None)  # only this resume's count, never an inherited one
+    env.update(environment or {})
     processes, copiers, failed = [], [], []
     with forwarding_stop_signals(processes) as received:
         try:

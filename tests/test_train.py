@@ -241,7 +241,9 @@ def test_a_resumed_run_keeps_counting_patience(toy_data_bin, tmp_path):
     base = ["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",
             "--layers", "2", "--data", toy_data_bin, "--save-dir", save_dir, "--", *TINY, "--max-update", "1000",
             *PATIENCE_2]
-    run(base + ["--max-epoch", "2"], env=CLI_ENV)  # epoch 1 is the best, epoch 2 one validation since
+    # A count in the caller's environment is not handed on: it would stop this run at epoch 1.
+    inherited = {**CLI_ENV, early_stopping.ENVIRONMENT_VARIABLE: json.dumps({"best": 1e9, "runs": 1})}
+    run(base + ["--max-epoch", "2"], env=inherited)  # epoch 1 is the best, epoch 2 one validation since
     state, _ = early_stopping.resumed_state(save_dir, log)
     assert state["runs"] == 1 and state["best"] == pytest.approx(validation_curve(log)[0]["loss"], abs=5e-4)
 
