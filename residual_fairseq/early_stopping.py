@@ -8,63 +8,52 @@ validations than the same run uninterrupted. Runs of the reproduce matrix take m
 hours and are resumed often, so where they stop would depend on when they were
 interrupted.
 
-The train driver rebuilds the count before it resumes (:func:`resumed_state`):
-the best score is the one fairseq stores in ``checkpoint_last.pt``; the validations
-since it are those in the run's log after the updates of ``checkpoint_best.pt``. It
-hands them to its fairseq-train processes in an environment variable, which the
-plugin applies when fairseq-train imports it (:func:`restore_in_fairseq_train`).
-Any doubt (no best checkpoint, a log without the best validation, reset flags)
-leaves fairseq's own behaviour, and the driver says so.
-
-A tie with the best score counts as an improvement for ``checkpoint_best.pt`` but
-not for patience; losses rarely tie exactly, and such a run stops one validation late.
+The train driver rebuilds the count before it resumes (:func:`resumed_state`) by
+replaying fairseq's own rule over the validations in the run's log, up to the updates
+of ``checkpoint_last.pt``. The log holds the very numbers fairseq compared (fairseq
+rounds a validation's metric before it logs or compares it), so ties, validations
+without a save (``--validate-interval-updates``) and validations that a crash made a
+resume repeat count as they did for fairseq. The driver hands the count to its
+fairseq-train processes in an environment variable, which the plugin applies when
+fairseq-train imports it (:func:`restore_in_fairseq_train`). A log that does not show
+the run's start (deleted, or cut) leaves fairseq's own behaviour, and the driver says so.
 """
 import json
 import logging
 import math
 import os
-from pathlib import Path
 from typing import Optional, Tuple
 
-from .training_log import validation_curve
+from .training_log import run_validations
 
 ENVIRONMENT_VARIABLE = "RESIDUAL_FAIRSEQ_EARLY_STOPPING"
 logger = logging.getLogger(__name__)
 
 
-def _updates(state: dict) -> Optional[int]:
-    history = state.get("optimizer_history") or [{}]
-    updates = history[-1].get("num_updates") if isinstance(history[-1], dict) else None
-    return updates if isinstance(updates, int) else None
+def replay(scores, maximize: bool = False) -> Optional[dict]:
+    """fairseq's ``should_stop_early`` over ``scores`` in order: ``{"best", "runs"}`` (None for none)."""
+    best, runs = None, 0
+    for score in scores:
+        if best is None or (score > best if maximize else score < best):
+            best, runs = score, 0
+        else:
+            runs += 1
+    return None if best is None else {"best": best, "runs": runs}
 
 
-def resumed_state(save_dir, log_path, subset: str = "valid") -> Tuple[Optional[dict], str]:
-    """(``{"best": score, "runs": validations since it}`` or None, a line saying which).
-
-    Reads ``SAVE_DIR/checkpoint_last.pt`` and ``checkpoint_best.pt`` (checked, as every
-    checkpoint) and the validations on ``subset`` in ``log_path``.
-    """
-    from .safe_checkpoints import read_checkpoint
-
-    save_dir = Path(save_dir)
+def resumed_state(log_path, last_updates: int, subset: str = "valid", metric: str = "loss",
+                  maximize: bool = False) -> Tuple[Optional[dict], str]:
+    """(``{"best": score, "runs": validations since it}`` or None, a line saying which) for
+    a run resumed from a checkpoint at ``last_updates``, from its log."""
     restart = "patience restarts from this resume (fairseq's behaviour)"
-    best_path = save_dir / "checkpoint_best.pt"
-    if not best_path.is_file():
-        return None, f"no {best_path.name}: {restart}"
-    last = read_checkpoint(save_dir / "checkpoint_last.pt")
-    best_score = (last.get("extra_state") or {}).get("best")
-    last_updates = _updates(last)
-    best_updates = _updates(read_checkpoint(best_path))
-    if not isinstance(best_score, (int, float)) or not math.isfinite(best_score) \
-            or last_updates is None or best_updates is None or best_updates > last_updates:
-        return None, f"the checkpoints do not say where the best validation was: {restart}"
-    validated_at = {point["updates"] for point in validation_curve(log_path, subset)}
-    if best_updates not in validated_at:
-        return None, f"{Path(log_path).name} lacks the best validation (update {best_updates}): {restart}"
-    runs = len({updates for updates in validated_at if best_updates < updates <= last_updates})
-    return ({"best": float(best_score), "runs": runs},
-            f"patience continues: best validation {best_score:.4g} at update {best_updates}, "
-            f"{runs} validation(s) since")
+    history, started = run_validations(log_path, subset, metric, up_to_updates=last_updates)
+    if not started:
+        return None, f"{os.path.basename(log_path)} does not show where this run started: {restart}"
+    state = replay((score for _, score in history), maximize)
+    if state is None:
+        return None, f"no validation before update {last_updates} in {os.path.basename(log_path)}: {restart}"
+    return state, (f"patience continues: best validation {subset}_{metric} {state['best']:g}, "
+                   f"{state['runs']} validation(s) since")
 
 
 def environment(state: Optional[dict]) -> dict:

@@ -278,6 +278,10 @@ def check_extra_args(extra_args) -> None:
     extra = list(extra_args)
     refuse_flags(extra, DRIVER_SET_FLAGS, "after --: residual-fairseq-train sets it itself "
                                           "(from --save-dir, --dataset, --source-lang/--target-lang)")
+    # fairseq would load that file at every start, resumes included, never SAVE_DIR's own checkpoint_last.pt.
+    refuse_flags(extra, ("--restore-file",), "after --: residual-fairseq-train resumes from "
+                                             "SAVE_DIR/checkpoint_last.pt itself; to start from another model "
+                                             "use residual-fairseq-finetune")
     for index, word in enumerate(extra):
         name, equals, value = word.partition("=")
         if name not in POSITIVE_FLAGS:
@@ -602,8 +606,19 @@ def kill_groups(processes, signum):
                 os.killpg(process.pid, signum)
 
 
-def resume_note(save_dir) -> Optional[str]:
-    """Check the checkpoint fairseq will resume from, repairing a truncated one; say which.
+def _progress(state: dict):
+    """(epoch, updates) stored in a verified checkpoint state; each None when not stored as a number."""
+    history = state.get("optimizer_history")
+    last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else {}
+    extra = state.get("extra_state") if isinstance(state.get("extra_state"), dict) else {}
+    iterator = extra.get("train_iterator") if isinstance(extra.get("train_iterator"), dict) else {}
+    epoch, updates = iterator.get("epoch"), last.get("num_updates")
+    return (epoch if isinstance(epoch, int) else None), (updates if isinstance(updates, int) else None)
+
+
+def resume_point(save_dir) -> Optional[tuple]:
+    """(a line saying where fairseq will resume, the updates of that checkpoint), or None
+    for a new run. Checks the checkpoint and repairs a truncated one.
 
     fairseq resumes from ``SAVE_DIR/checkpoint_last.pt`` only. A truncated one is
     replaced by the newest valid checkpoint fairseq wrote for the run
@@ -614,34 +629,55 @@ def resume_note(save_dir) -> Optional[str]:
     if not last.exists():
         return None
     repaired_from = repair_last_checkpoint(save_dir)
-    state = read_checkpoint(last)
-    history = state.get("optimizer_history") or [{}]
-    epoch = (state.get("extra_state") or {}).get("train_iterator", {}).get("epoch", "?")
-    progress = f"epoch {epoch}, {history[-1].get('num_updates', '?')} updates"
+    epoch, updates = _progress(read_checkpoint(last))
+    progress = f"epoch {'?' if epoch is None else epoch}, {'?' if updates is None else updates} updates"
     if repaired_from is not None:
         return (f"{last} was truncated (a crash while fairseq copied it); resuming from {repaired_from} "
-                f"({progress}), copied to {last.name}")
-    return f"resuming from {last} ({progress})"
+                f"({progress}), copied to {last.name}"), updates
+    return f"resuming from {last} ({progress})", updates
+
+
+def resume_note(save_dir) -> Optional[str]:
+    """The line of :func:`resume_point` (None for a new run)."""
+    point = resume_point(save_dir)
+    return point[0] if point else None
 
 
 # fairseq does not restore its best score when these are given; nor is patience then carried on.
 RESET_FLAGS = ("reset_optimizer", "reset_meters")
 
 
-def resumed_early_stopping(train_plan: TrainPlan, save_dir: Path, extra_args=()) -> dict:
-    """The environment that carries ``--patience`` over a resume (:mod:`residual_fairseq.early_stopping`)."""
-    checkpoint = train_plan.settings.get("checkpoint", {})
-    if _setting(train_plan, "checkpoint", "patience", extra_args) <= 0:
-        return {}
+def _flag_given(train_plan: TrainPlan, extra_args, key: str) -> bool:
+    """A boolean fairseq option (``checkpoint.reset_meters``...) set in the config or after ``--``."""
     given = {word.partition("=")[0].replace("_", "-") for word in extra_args}
-    if any(checkpoint.get(key) or "--" + key.replace("_", "-") in given for key in RESET_FLAGS):
+    return any(bool(group.get(key)) for group in train_plan.settings.values() if isinstance(group, dict)) \
+        or "--" + key.replace("_", "-") in given
+
+
+def resumed_early_stopping(train_plan: TrainPlan, save_dir: Path, last_updates, extra_args=()):
+    """(the patience left, the environment that carries ``--patience`` over this resume);
+    the patience left is None without ``--patience`` or when the count restarts
+    (:mod:`residual_fairseq.early_stopping`)."""
+    patience = _setting(train_plan, "checkpoint", "patience", extra_args)
+    if patience <= 0:
+        return None, {}
+    if any(_flag_given(train_plan, extra_args, key) for key in RESET_FLAGS):
         print("note: --reset-optimizer/--reset-meters: patience restarts from this resume", flush=True)
-        return {}
-    valid = passthrough_value(extra_args, "--valid-subset") or train_plan.settings.get("dataset", {}).get(
-        "valid_subset") or "valid"
-    state, line = early_stopping.resumed_state(save_dir, save_dir / LOG_NAME, valid.split(",")[0])
+        return None, {}
+    if last_updates is None:
+        print("note: checkpoint_last.pt does not say its updates: patience restarts from this resume", flush=True)
+        return None, {}
+    dataset, checkpoint = train_plan.settings.get("dataset", {}), train_plan.settings.get("checkpoint", {})
+    valid = passthrough_value(extra_args, "--valid-subset") or dataset.get("valid_subset") or "valid"
+    metric = passthrough_value(extra_args, "--best-checkpoint-metric") or checkpoint.get(
+        "best_checkpoint_metric") or "loss"
+    state, line = early_stopping.resumed_state(
+        save_dir / LOG_NAME, last_updates, valid.split(",")[0], metric,
+        maximize=_flag_given(train_plan, extra_args, "maximize_best_checkpoint_metric"))
     print(f"note: {line}", flush=True)
-    return early_stopping.environment(state)
+    if state is None:
+        return None, {}
+    return max(0, patience - state["runs"]), early_stopping.environment(state)
 
 
 def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
@@ -653,11 +689,15 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     if dry_run:
         return train_plan
     with save_dir_lock(request.save_dir) as lock_fd:
-        note = resume_note(request.save_dir)
+        point = resume_point(request.save_dir)
         environment = {}
-        if note:
-            print(f"note: {note}", flush=True)
-            environment = resumed_early_stopping(train_plan, Path(request.save_dir), request.extra_args)
+        if point:
+            print(f"note: {point[0]}", flush=True)
+            patience_left, environment = resumed_early_stopping(train_plan, Path(request.save_dir), point[1],
+                                                                request.extra_args)
+            if patience_left == 0:  # fairseq would validate once more, and might move checkpoint_best.pt
+                print("note: this run has already stopped early (--patience): nothing to train", flush=True)
+                return train_plan
         write_run_record(request, train_plan)
         if needs_profile(request.variant):
             ensure_admin_profile(request, train_plan)

@@ -5,7 +5,7 @@ import shlex
 import pytest
 
 from helpers import CLI_ENV, REPO, run, user_error
-from residual_fairseq import early_stopping, train
+from residual_fairseq import early_stopping, train, training_log
 from residual_fairseq.errors import UserError
 from residual_fairseq.training_log import validation_curve
 
@@ -157,6 +157,16 @@ def test_flags_the_driver_sets_itself_are_refused_after_the_separator(toy_data_b
     assert not (tmp_path / "ck").exists()
 
 
+def test_restore_file_is_refused_after_the_separator(toy_data_bin, tmp_path, capsys):
+    """fairseq would load that file at every start, never SAVE_DIR/checkpoint_last.pt."""
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "3",
+                                           "--data", toy_data_bin, "--save-dir", tmp_path / "ck", "--",
+                                           "--restore-file=/other/checkpoint.pt"])
+    assert line.startswith("error: --restore-file after --: residual-fairseq-train resumes from "
+                           "SAVE_DIR/checkpoint_last.pt itself"), line
+    assert not (tmp_path / "ck").exists()
+
+
 def test_language_pair_is_inferred_from_the_data(toy_data_bin, tmp_path, capsys):
     # iwslt14-de-en's config names de-en; the toy data hold src-tgt: the data win, and the driver says so.
     iwslt = train.TrainRequest("iwslt14-de-en", "resi_dual", 6, toy_data_bin, tmp_path / "ck", cpu=True)
@@ -244,24 +254,60 @@ def test_a_resumed_run_keeps_counting_patience(toy_data_bin, tmp_path):
     # A count in the caller's environment is not handed on: it would stop this run at epoch 1.
     inherited = {**CLI_ENV, early_stopping.ENVIRONMENT_VARIABLE: json.dumps({"best": 1e9, "runs": 1})}
     run(base + ["--max-epoch", "2"], env=inherited)  # epoch 1 is the best, epoch 2 one validation since
-    state, _ = early_stopping.resumed_state(save_dir, log)
-    assert state["runs"] == 1 and state["best"] == pytest.approx(validation_curve(log)[0]["loss"], abs=5e-4)
+    _, updates = train.resume_point(save_dir)
+    state, _ = early_stopping.resumed_state(log, updates, maximize=True)
+    assert state == {"best": validation_curve(log)[0]["loss"], "runs": 1}  # the logged numbers are fairseq's
 
     resumed = run(base + ["--max-epoch", "6"], env=CLI_ENV)
-    assert "patience continues: best validation" in resumed.stdout and "1 validation(s) since" in resumed.stdout
+    assert "patience continues: best validation valid_loss" in resumed.stdout
+    assert "1 validation(s) since" in resumed.stdout
     curve = validation_curve(log)
     assert [point["epoch"] for point in curve] == [1, 2, 3]  # fairseq alone would train to epoch 5
     assert max(curve, key=lambda point: point["loss"])["epoch"] == 1  # what the count relied on
     assert "hasn't improved for last 2 runs" in resumed.stdout
 
-    # Without the evidence the count is not guessed: fairseq's own behaviour, said in one line.
-    log.write_text("")  # a deleted log
-    state, line = early_stopping.resumed_state(save_dir, log)
-    assert state is None and "lacks the best validation" in line and "patience restarts" in line
-    (save_dir / "checkpoint_best.pt").unlink()
-    state, line = early_stopping.resumed_state(save_dir, log)
-    assert state is None and "no checkpoint_best.pt" in line
+    # Run again, the stopped run is not trained further (fairseq would validate once more).
+    again = run(base + ["--max-epoch", "6"], env=CLI_ENV)
+    assert "2 validation(s) since" in again.stdout and "already stopped early" in again.stdout
+    assert [point["epoch"] for point in validation_curve(log)] == [1, 2, 3]
+
+    # Without the run's start in the log the count is not guessed: fairseq's own behaviour, said in one line.
+    log.write_text(log.read_text().split("No existing checkpoint found")[1])
+    state, line = early_stopping.resumed_state(log, updates)
+    assert state is None and "does not show where this run started" in line and "patience restarts" in line
     assert early_stopping.environment(None) == {}
+
+
+def _log_line(kind, text):
+    return f"2026-01-01 00:00:00 | INFO | {kind} | {text}\n"
+
+
+def _valid(updates, loss, subset="valid"):
+    return _log_line(subset, json.dumps({"epoch": 1, f"{subset}_loss": str(loss),
+                                         f"{subset}_num_updates": str(updates)}))
+
+
+def test_the_count_replays_fairseqs_rule_over_this_runs_own_validations(tmp_path):
+    """Ties do not improve; a validation without a save counts; an earlier run's lines in the
+    same log, and validations a resume repeated, do not; damaged lines are not validations."""
+    log = tmp_path / "train.log"
+    fresh = _log_line("fairseq.trainer", "No existing checkpoint found /x/checkpoint_last.pt")
+    log.write_text(
+        fresh + _valid(2, 1.0) + _valid(4, 0.5)                       # an earlier run in this directory
+        + fresh + _valid(2, 5.0) + _valid(4, 4.0) + _valid(6, 4.0)    # this run: a tie at 6
+        + _valid(8, 4.2) + _valid(10, 3.9)                            # 10 was validated, then a crash
+        + _log_line("fairseq.trainer", "Loaded checkpoint /x/checkpoint_last.pt (epoch 2 @ 8 updates)")
+        + _valid(10, 4.1) + _valid(12, 4.3)                           # the resume's own update 10
+        + _log_line("valid", '{"epoch": 1, "valid_loss": "1", "valid_num_updates": Infinity}')
+        + _valid(14, 0.1))                                            # after the checkpoint resumed from
+    history, started = training_log.run_validations(log, up_to_updates=12)
+    assert started and history == [(2, 5.0), (4, 4.0), (6, 4.0), (8, 4.2), (10, 4.1), (12, 4.3)]
+    state, line = early_stopping.resumed_state(log, 12)
+    assert state == {"best": 4.0, "runs": 4} and "best validation valid_loss 4, 4 validation(s) since" in line
+    assert early_stopping.replay([3.0, 5.0, 5.0, 4.0], maximize=True) == {"best": 5.0, "runs": 2}
+    # A fine-tune's first start loads another model at update 0: the run starts there.
+    log.write_text(_log_line("fairseq.trainer", "Loaded checkpoint /m.pt (epoch 1 @ 0 updates)") + _valid(3, 2.0))
+    assert early_stopping.resumed_state(log, 3)[0] == {"best": 2.0, "runs": 0}
 
 
 def test_fairseq_train_takes_the_count_only_from_a_well_formed_variable(monkeypatch):
