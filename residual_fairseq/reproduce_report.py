@@ -115,8 +115,7 @@ def run_record(run: "Run", did_not_learn: bool = False) -> dict:
               "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
     if run.finished:
         result = run.result()
-        metrics = run_metrics(run)
-        record.update({column: value for column, value in metrics.items() if column.startswith("test_")})
+        record.update({column: value for column, value in run_metrics(run).items() if column.startswith("test_")})
         if did_not_learn:
             record["status"] = "finished, did not learn"
         record["checkpoint"] = Path(str(result.get("checkpoint", "?"))).name
@@ -155,6 +154,10 @@ def runs_markdown(records: List[dict]) -> str:
 DID_NOT_LEARN_BELOW_BLEU = 1.0
 
 
+def _key(run: "Run"):
+    return run.dataset, run.variant, run.layers, run.seed
+
+
 def runs_that_did_not_learn(runs: List["Run"]) -> set:
     """The finished runs (as ``(dataset, variant, layers, seed)``) that did not learn, by the rule above."""
     bleu = {}
@@ -162,15 +165,11 @@ def runs_that_did_not_learn(runs: List["Run"]) -> set:
         if run.finished:
             score = run_metrics(run).get("test_bleu")
             if score is not None:
-                bleu[(run.dataset, run.variant, run.layers, run.seed)] = score
+                bleu[_key(run)] = score
     learning_groups = {(dataset, layers) for (dataset, _, layers, _), score in bleu.items()
                        if score >= DID_NOT_LEARN_BELOW_BLEU}
     return {key for key, score in bleu.items()
             if score < DID_NOT_LEARN_BELOW_BLEU and (key[0], key[2]) in learning_groups}
-
-
-def _key(run: "Run"):
-    return run.dataset, run.variant, run.layers, run.seed
 
 
 def mean_std(values):
@@ -184,11 +183,12 @@ def mean_std(values):
     return mean, math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1))
 
 
-def summarize(runs: List["Run"]) -> List[dict]:
+def summarize(runs: List["Run"], not_learned: Optional[set] = None) -> List[dict]:
     """One row per (dataset, variant, layers): mean ± std over the finished seeds that learned;
     seeds that did not learn (:func:`runs_that_did_not_learn`) are named in ``did_not_learn``,
-    failed ones in ``failed``."""
-    groups, not_learned = {}, runs_that_did_not_learn(runs)
+    failed ones in ``failed``. ``not_learned``: that set, when the caller has it already."""
+    groups = {}
+    not_learned = runs_that_did_not_learn(runs) if not_learned is None else not_learned
     for run in runs:
         if run.finished or run.failure:
             groups.setdefault((run.dataset, run.variant, run.layers), []).append(run)
@@ -214,7 +214,7 @@ NOISE_METRICS = {"test_bleu": ("test sacreBLEU", max), "test_chrf": ("test chrF"
 NOISE_ALPHA = 0.05
 
 
-def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA) -> List[dict]:
+def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optional[set] = None) -> List[dict]:
     """Per dataset, depth and test metric: each variant against the best one, by Welch's
     t-test over their seeds (two-sided; seeds that did not learn are left out, and so are
     variants with fewer than 2 finished seeds that learned).
@@ -222,7 +222,8 @@ def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA) -> List[dict]:
     A difference is "beyond seed noise" when p < ``alpha``. No correction for the several
     comparisons is made: with 3 seeds a test this small is a guide, not proof.
     """
-    values, not_learned = {}, runs_that_did_not_learn(runs)  # (dataset, layers, metric) -> {variant: [per seed]}
+    values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
+    not_learned = runs_that_did_not_learn(runs) if not_learned is None else not_learned
     for run in runs:
         metrics = run_metrics(run) if run.finished and _key(run) not in not_learned else None
         if metrics is not None:
@@ -348,8 +349,9 @@ def plot_curves(runs: List["Run"], path: Path) -> Path:
 def write_reports(runs: List["Run"], out: Path) -> dict:
     """results.md/.csv (mean ± std per variant; the markdown adds which differences are beyond
     seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths."""
-    rows = summarize(runs)
-    noise = seed_noise(runs)
+    not_learned = runs_that_did_not_learn(runs)
+    rows = summarize(runs, not_learned)
+    noise = seed_noise(runs, not_learned=not_learned)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "results.md", "csv": out / "results.csv", "png": out / "curves.png"}
@@ -363,7 +365,6 @@ def write_reports(runs: List["Run"], out: Path) -> dict:
     translation_noise = seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
     for key, text in (("markdown", markdown_table(rows) + translation_noise), ("csv", csv_table(rows))):
         write_text_atomically(paths[key], text)
-    not_learned = runs_that_did_not_learn(runs)
     records = [run_record(run, _key(run) in not_learned) for run in runs]
     paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"
     write_text_atomically(paths["runs_markdown"], runs_markdown(records))

@@ -637,12 +637,6 @@ def resume_point(save_dir) -> Optional[tuple]:
     return f"resuming from {last} ({progress})", updates
 
 
-def resume_note(save_dir) -> Optional[str]:
-    """The line of :func:`resume_point` (None for a new run)."""
-    point = resume_point(save_dir)
-    return point[0] if point else None
-
-
 # fairseq does not restore its best score when these are given; nor is patience then carried on.
 RESET_FLAGS = ("reset_optimizer", "reset_meters")
 

@@ -497,7 +497,7 @@ def test_resume_ignores_averaged_and_foreign_checkpoints(real, catalogue, tmp_pa
     for name in ("checkpoint.avg_last2_updates.pt", "checkpoint.avg5.pt", "checkpoint_mine.pt", "checkpoint3.pt.bak"):
         (tmp_path / name).write_bytes(data)
     (tmp_path / "checkpoint7.pt").write_bytes(catalogue["pickle_reduce"][0].read_bytes())  # newer, but unsafe
-    note = train.resume_note(tmp_path)
+    note, _ = train.resume_point(tmp_path)
     assert f"resuming from {tmp_path / 'checkpoint_2_10.pt'}" in note and "was truncated" in note
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == data
 
@@ -506,8 +506,8 @@ def test_resume_ignores_averaged_and_foreign_checkpoints(real, catalogue, tmp_pa
     (only_averaged / "checkpoint_last.pt").write_bytes(data[:1000])
     (only_averaged / "checkpoint.avg_last2_updates.pt").write_bytes(data)
     with pytest.raises(UserError, match="no intact checkpoint of the run"):
-        train.resume_note(only_averaged)
-    assert train.resume_note(tmp_path) == f"resuming from {tmp_path / 'checkpoint_last.pt'} (epoch 1, 1 updates)"
+        train.resume_point(only_averaged)
+    assert train.resume_point(tmp_path)[0] == f"resuming from {tmp_path / 'checkpoint_last.pt'} (epoch 1, 1 updates)"
 
 
 def test_a_second_driver_on_a_save_dir_in_use_is_refused(toy_data_bin, tmp_path, capsys):
