@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
@@ -40,8 +40,10 @@ from .errors import UserError, cli_main
 from .evaluate import check_generate_extra_args, evaluate_run
 from .language_models import check_eval_lm_extra_args, eval_lm_command, evaluate_lm
 from .passthrough import refuse_flags
-from .reproduce_report import dig, is_language_model, is_number, write_reports
+from .reproduce_report import (dig, how_training_ended, is_language_model, is_number, read_finished_runs,
+                               result_from_record, write_reports)
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
+from .training_log import validation_curve
 from .variants import VARIANTS
 
 RESULT_NAME = "result.json"
@@ -56,6 +58,10 @@ class Run:
     seed: int
     data: Path
     out: Path
+    # Its record in an earlier runs.json (--finished-runs), when it finished there and not
+    # in ``out``: its numbers and validations come from that record.
+    record: Optional[dict] = field(default=None, compare=False, repr=False)
+    record_path: Optional[Path] = field(default=None, compare=False, repr=False)
 
     @property
     def save_dir(self) -> Path:
@@ -66,11 +72,34 @@ class Run:
         return self.save_dir / RESULT_NAME
 
     @property
-    def finished(self) -> bool:
+    def finished_here(self) -> bool:
         return self.result_path.is_file()
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_here or self.record is not None
+
+    @property
+    def finished_where(self) -> Path:
+        return self.result_path if self.finished_here else self.record_path
+
+    def curve(self) -> list:
+        """Every validation of the run (see training_log.validation_curve), from its record
+        when it finished elsewhere."""
+        if self.record is not None and not self.finished_here:
+            return [dict(point) for point in self.record["validations"]]
+        return validation_curve(self.save_dir / train.LOG_NAME)
+
+    def ended_by(self) -> Optional[str]:
+        """'patience N', 'budget' or None (see reproduce_report.how_training_ended)."""
+        if self.record is not None and not self.finished_here:
+            return self.record.get("ended_by")
+        return how_training_ended(self.save_dir / train.LOG_NAME)
 
     def result(self) -> dict:
         """result.json, checked: UserError naming it when it is not what evaluation writes."""
+        if self.record is not None and not self.finished_here:
+            return result_from_record(self.record)
         try:
             result = json.loads(self.result_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -104,19 +133,24 @@ class Run:
             return "failed"
 
 
-def matrix(data: dict, out: Path, variants=None, layers=None, seeds=(1,)) -> List[Run]:
+def matrix(data: dict, out: Path, variants=None, layers=None, seeds=(1,), finished_elsewhere=None) -> List[Run]:
     """Every run of the matrix; ``data`` maps each dataset to its fairseq data directory.
 
     ``variants`` None means every variant of each dataset's task (language models: three).
     ``layers`` None means each dataset's shipped depths; any other depth is composed
     from the dataset's base.yaml (as ``residual-fairseq-train --layers`` does).
+    ``finished_elsewhere``: reproduce_report.read_finished_runs of earlier runs.json
+    files; a run finished in ``out`` keeps its own result.
     """
     runs = []
+    elsewhere = finished_elsewhere or {}
     for dataset, data_dir in data.items():
         for depth in (layers or configs.DATASETS[dataset].depths):
             for variant in (variants or configs.DATASETS[dataset].variants):
                 configs.check_choice(dataset, variant, depth, shipped_only=False)
-                runs += [Run(dataset, variant, depth, seed, Path(data_dir), Path(out)) for seed in seeds]
+                for seed in seeds:
+                    record, path = elsewhere.get((dataset, variant, depth, seed), (None, None))
+                    runs.append(Run(dataset, variant, depth, seed, Path(data_dir), Path(out), record, path))
     return runs
 
 
@@ -167,7 +201,7 @@ def run_one(run: Run, nprocs: int = 1, extra_args=(), eval_overrides=None, dry_r
     ``eval_overrides`` are evaluate_run keyword arguments that win over the dataset's.
     """
     if run.finished:
-        print(f"skip {run.label}: finished ({run.result_path})", flush=True)
+        print(f"skip {run.label}: finished ({run.finished_where})", flush=True)
         return run.result()
     print(f"=== {run.label} -> {run.save_dir}", flush=True)
     train.train(train_request(run, nprocs, extra_args, threads), dry_run=dry_run)
@@ -315,7 +349,7 @@ def run_in_parallel(runs: List[Run], jobs: int, nprocs: int = 1, extra_args=(), 
     pending = []
     for run in runs:
         if run.finished:
-            print(f"skip {run.label}: finished ({run.result_path})", flush=True)
+            print(f"skip {run.label}: finished ({run.finished_where})", flush=True)
         else:
             pending.append(run)
     print(f"{len(pending)} runs to do, {jobs} at a time, {threads} CPU thread{'s' if threads != 1 else ''} each",
@@ -408,6 +442,10 @@ def build_parser():
                         help="depths, any (default: each dataset's shipped depths)")
     parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1])
     parser.add_argument("--out", required=True, help="runs and reports go here")
+    parser.add_argument("--finished-runs", nargs="+", default=[], metavar="RUNS_JSON",
+                        help="runs.json of earlier parts of the matrix (another machine, another --out): "
+                             "the runs finished there are skipped and tabulated from it, without their "
+                             "checkpoints")
     parser.add_argument("--nprocs", type=positive_int, default=1, help="processes per training (see residual-fairseq-train)")
     parser.add_argument("--beam", type=int_at_least(1, 1000),
                         help="test-set beam size (default: the dataset's; translation only)")
@@ -468,7 +506,8 @@ def main(argv=None):
     args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
     args.seeds = sorted(set(args.seeds), key=args.seeds.index)
     data = parse_data(args.data, args.dataset)
-    runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds)
+    runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds,
+                  read_finished_runs(args.finished_runs))
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:

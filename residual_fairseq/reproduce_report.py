@@ -1,7 +1,8 @@
 """The tables and curves of a reproduce matrix, from what its runs left on disk.
 
 Each run's ``result.json`` (test numbers) and ``train.log`` (fairseq's JSON log: every
-validation) are read, never trusted blindly: a result this tool did not write is a
+validation), or for a run finished elsewhere its record in an earlier ``runs.json``
+(:func:`read_finished_runs`), are read, never trusted blindly: a result this tool did not write is a
 one-line error (:meth:`residual_fairseq.reproduce.Run.result`), damaged log lines are
 skipped. :func:`write_reports` writes::
 
@@ -20,9 +21,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
-from . import configs, train
+from . import configs
 from .atomic import atomic_output, write_text_atomically
-from .training_log import validation_curve
 from .variants import COLOURS
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def is_number(value) -> bool:
 def run_metrics(run: "Run") -> dict:
     """The numbers one finished run contributes to the table."""
     result = run.result()
-    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    curve = run.curve()
     if is_language_model(run.dataset):
         return {"test_ppl": result["perplexity"], "test_loss": result["loss_base2"],
                 "best_valid_ppl": min((2 ** point["loss"] for point in curve), default=None)}
@@ -105,13 +105,13 @@ def how_training_ended(log_path: Path) -> Optional[str]:
 
 def run_record(run: "Run", did_not_learn: bool = False) -> dict:
     """One run as it stands: its status, every validation, where its best was, its test numbers."""
-    curve = validation_curve(run.save_dir / train.LOG_NAME)
+    curve = run.curve()
     # The last of equal bests: fairseq rewrites checkpoint_best.pt on a tie.
     best = min(reversed(curve), key=lambda point: point["loss"]) if curve else None
     status = "finished" if run.finished else ("failed" if run.failure else ("unfinished" if curve else "not started"))
     record = {"dataset": run.dataset, "variant": run.variant, "layers": run.layers, "seed": run.seed,
               "status": status, "epochs": curve[-1]["epoch"] if curve else None,
-              "ended_by": how_training_ended(run.save_dir / train.LOG_NAME),
+              "ended_by": run.ended_by(),
               "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
     if run.finished:
         result = run.result()
@@ -126,6 +126,109 @@ def run_record(run: "Run", did_not_learn: bool = False) -> dict:
         record["error"] = run.failure
     record["validations"] = curve
     return record
+
+
+# --- runs finished elsewhere --------------------------------------------------------------
+# A matrix too big for one machine or one sitting is run in parts; each part's runs.json
+# holds every finished run's record (above). Given back to the driver
+# (--finished-runs), those runs are skipped and tabulated from their records: the
+# checkpoints need not travel. The file is read as hostile: each record must have the
+# shape run_record writes, or it is a one-line error naming the file and the run.
+
+FINISHED_RUNS_MAX_BYTES = 64 * 1024 * 1024
+_ENDED_BY = re.compile(r"(patience \d{1,9}|budget)")
+_VALIDATION_KEYS = {"epoch", "updates", "loss", "bleu"}
+
+
+def _record_problem(record: dict) -> Optional[str]:
+    """What makes a finished run's record unlike run_record's, or None."""
+    from .variants import VARIANTS
+
+    if record.get("dataset") not in configs.DATASETS:
+        return "names no known dataset"
+    if record.get("variant") not in VARIANTS:
+        return "names no known variant"
+    for key in ("layers", "seed"):
+        if not isinstance(record.get(key), int) or isinstance(record.get(key), bool) or record[key] < 0:
+            return f"has no whole-number {key}"
+    scores = [column for column, _ in metrics_for(record["dataset"]) if column.startswith("test_")]
+    required = ("test_ppl", "test_loss") if is_language_model(record["dataset"]) else ("test_bleu", "test_chrf")
+    for column in scores:
+        if not (is_number(record.get(column)) or (column not in required and record.get(column) is None)):
+            return f"has no numeric {column}"
+    ended_by = record.get("ended_by")
+    if ended_by is not None and not (isinstance(ended_by, str) and _ENDED_BY.fullmatch(ended_by)):
+        return "has an ended_by that is neither 'patience N' nor 'budget'"
+    for key in ("checkpoint", "sacrebleu_signature"):
+        value = record.get(key)
+        if value is not None and not (isinstance(value, str) and len(value) <= 300 and value.isprintable()):
+            return f"has an odd {key}"
+    beam = record.get("beam")
+    if beam is not None and not (isinstance(beam, int) and not isinstance(beam, bool) and beam >= 1):
+        return "has an odd beam"
+    validations = record.get("validations")
+    if not isinstance(validations, list):
+        return "has no list of validations"
+    for point in validations:
+        if not (isinstance(point, dict) and set(point) == _VALIDATION_KEYS
+                and all(isinstance(point[key], int) and not isinstance(point[key], bool) and point[key] >= 0
+                        for key in ("epoch", "updates"))
+                and is_number(point["loss"]) and (point["bleu"] is None or is_number(point["bleu"]))):
+            return "has a validation that is not {epoch, updates, loss, bleu}"
+    return None
+
+
+def read_finished_runs(paths) -> dict:
+    """The finished runs of earlier runs.json files: ``{(dataset, variant, layers, seed): (record, path)}``.
+
+    Unfinished and failed runs are left out (their checkpoints are where they ran). The
+    same run finished in two files with different records is an error: which is right
+    cannot be told.
+    """
+    from .errors import UserError
+
+    found = {}
+    for path in map(Path, paths):
+        try:
+            if path.stat().st_size > FINISHED_RUNS_MAX_BYTES:
+                raise UserError(f"{path}: over {FINISHED_RUNS_MAX_BYTES // 2 ** 20} MB: not a runs.json this tool wrote")
+            records = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise UserError(f"{path}: cannot be read as a runs.json ({err.__class__.__name__}): give the "
+                            f"runs.json that residual-fairseq-reproduce wrote") from None
+        if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+            raise UserError(f"{path}: not a list of run records: give the runs.json that residual-fairseq-reproduce wrote")
+        for number, record in enumerate(records, 1):
+            status = record.get("status")
+            if not (isinstance(status, str) and status.startswith("finished")):
+                continue
+            problem = _record_problem(record)
+            if problem:
+                raise UserError(f"{path}: run {number} {problem}: it is not a record residual-fairseq-reproduce wrote")
+            key = (record["dataset"], record["variant"], record["layers"], record["seed"])
+            if key in found and _comparable(found[key][0]) != _comparable(record):
+                raise UserError(f"{path}: {' '.join(map(str, key))} finished differently in {found[key][1]}: "
+                                f"give one of the two")
+            found.setdefault(key, (record, path))
+    return found
+
+
+def _comparable(record: dict) -> dict:
+    """A record without its status, which depends on the other runs it was tabulated with."""
+    return {key: value for key, value in record.items() if key != "status"}
+
+
+def result_from_record(record: dict) -> dict:
+    """A finished run's record read back as the result.json that evaluation wrote for it."""
+    if is_language_model(record["dataset"]):
+        return {"perplexity": record["test_ppl"], "loss_base2": record["test_loss"]}
+    result = {"sacrebleu": {"score": record["test_bleu"], "signature": record.get("sacrebleu_signature")},
+              "chrf": {"score": record["test_chrf"]}, "generation": {"beam": record.get("beam")}}
+    if record.get("test_tok_bleu") is not None:
+        result["tokenized_bleu"] = {"score": record["test_tok_bleu"]}
+    if record.get("checkpoint") is not None:
+        result["checkpoint"] = record["checkpoint"]
+    return result
 
 
 def runs_markdown(records: List[dict]) -> str:
@@ -315,7 +418,7 @@ def plot_curves(runs: List["Run"], path: Path) -> Path:
     colours = COLOURS  # the same colour per variant in every tool's plots
     styles = {}
     for run in runs:
-        curve = validation_curve(run.save_dir / train.LOG_NAME)
+        curve = run.curve()
         if not curve:
             continue
         row = axes[datasets.index(run.dataset)]

@@ -14,6 +14,7 @@ import pytest
 from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import reproduce
 from residual_fairseq import reproduce_report as report
+from residual_fairseq.training_log import validation_curve
 
 # Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
 FAIRSEQ_FLAGS = ["--max-update", "4", "--validate-interval-updates", "2", "--max-tokens", "1024", "--max-valid-steps", "1",
@@ -27,7 +28,7 @@ def test_validation_curve_parses_fairseq_json_log(tmp_path):
         '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "8.5", "valid_bleu": "1.25", '
         '"valid_num_updates": "2"}\n'
         '2026-01-01 00:00:02 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "4"}\n')
-    assert report.validation_curve(log) == [
+    assert validation_curve(log) == [
         {"epoch": 1, "updates": 2, "loss": 8.5, "bleu": 1.25}, {"epoch": 1, "updates": 4, "loss": 7.5, "bleu": None}]
     assert report.mean_std([1.0, 3.0]) == (2.0, 2 ** 0.5) and report.mean_std([5.0]) == (5.0, None)
 
@@ -117,7 +118,7 @@ def test_matrix_runs_tabulates_and_skips_finished_runs(sample_prepared, tmp_path
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     for variant in ("post_ln", "resi_dual"):
         save_dir = out / "runs" / "sample-es-en" / f"{variant}-3l" / "seed1"
-        assert len(report.validation_curve(save_dir / "train.log")) == 2
+        assert len(validation_curve(save_dir / "train.log")) == 2
         assert (save_dir / "result.json").is_file()
 
     again = run(command, env=CLI_ENV)
@@ -449,3 +450,128 @@ def test_a_driver_imports_everything_it_evaluates_with_when_it_starts():
             "'residual_fairseq.average_checkpoints', 'residual_fairseq.passthrough')))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300).stdout.strip() == "True"
+
+
+# --- runs finished elsewhere (--finished-runs) -------------------------------------------------
+
+PUBLISHED = REPO / "docs" / "figures" / "baselines" / "converged"
+
+
+def _matrix_of(records, out, finished_elsewhere=None, seeds=(1, 2, 3)):
+    """The matrix that covers ``records``' runs."""
+    return reproduce.matrix({"sample-es-en": out / "bin"}, out, list(dict.fromkeys(r["variant"] for r in records)),
+                            layers=sorted({r["layers"] for r in records}), seeds=list(seeds),
+                            finished_elsewhere=finished_elsewhere)
+
+
+def test_published_runs_tabulate_again_from_their_runs_json_alone(tmp_path):
+    """The converged matrix is run in parts on machines that keep nothing: a part's runs.json,
+    given back with --finished-runs, makes the same tables with no checkpoint and no log
+    (results.md identical, every finished run's record identical, curves drawn)."""
+    published = json.loads((PUBLISHED / "runs.json").read_text())
+    finished = [record for record in published if record["status"].startswith("finished")]
+    assert len(finished) >= 9 and any(record["status"] == "finished, did not learn" for record in finished)
+    out = tmp_path / "out"
+    runs = _matrix_of(published, out, report.read_finished_runs([PUBLISHED / "runs.json"]))
+    assert sum(run_.finished for run_ in runs) == len(finished)
+    paths = report.write_reports(runs, out)
+    assert paths["markdown"].read_text() == (PUBLISHED / "results.md").read_text()
+    assert paths["csv"].read_text() == (PUBLISHED / "results.csv").read_text()
+    again = [record for record in json.loads(paths["runs_json"].read_text()) if record["status"].startswith("finished")]
+    assert again == finished
+    assert paths["png"].stat().st_size > 10_000
+    assert not (out / "runs").exists()  # nothing was made up on disk for them
+
+
+def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_wins(tmp_path, monkeypatch, capsys):
+    from residual_fairseq import train
+
+    record = {"dataset": "sample-es-en", "variant": "b2t", "layers": 2, "seed": 1, "status": "finished",
+              "epochs": 2, "ended_by": "budget", "best_valid_loss": 5.5, "best_epoch": 2, "test_bleu": 12.5,
+              "test_chrf": 30.0, "test_tok_bleu": None, "checkpoint": "checkpoint_best.pt", "beam": 5,
+              "sacrebleu_signature": "nrefs:1", "validations": [{"epoch": 1, "updates": 10, "loss": 6.0, "bleu": None},
+                                                                {"epoch": 2, "updates": 20, "loss": 5.5, "bleu": None}]}
+    elsewhere = tmp_path / "part1" / "runs.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(json.dumps([record, {**record, "seed": 2, "status": "unfinished"}]))
+    monkeypatch.setattr(train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    out = tmp_path / "out"
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "b2t", "--layers", "2",
+            "--out", out, "--finished-runs", elsewhere]
+    reproduce.main([str(arg) for arg in argv])
+    printed = capsys.readouterr().out
+    assert "1 runs (1 finished)" in printed and f"skip sample-es-en b2t 2L seed 1: finished ({elsewhere})" in printed
+    assert "| sample-es-en | b2t | 2 | 1 | 12.50 | 30.00 |" in (out / "results.md").read_text()
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, out, ["b2t"], layers=[2],
+                              finished_elsewhere=report.read_finished_runs([elsewhere]))
+    assert report.run_record(run_) == record
+
+    # Seed 2 was unfinished there: it is not carried over, so it would train here.
+    assert report.read_finished_runs([elsewhere]).keys() == {("sample-es-en", "b2t", 2, 1)}
+    # Evaluated here too: this --out's own result.json and log are the ones tabulated.
+    _finished(run_, 14.0, chrf=33.0)
+    assert run_.finished_where == run_.result_path and report.run_metrics(run_)["test_bleu"] == 14.0
+    assert run_.curve() == [] and run_.ended_by() is None
+
+
+def _published_record(**changes):
+    record = json.loads((PUBLISHED / "runs.json").read_text())[0]
+    assert record["status"] == "finished"
+    record.update(changes)
+    return record
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("not json", "cannot be read as a runs.json (JSONDecodeError): give the runs.json that "
+                 "residual-fairseq-reproduce wrote"),
+    (b"\xff\xfe[", "cannot be read as a runs.json (UnicodeDecodeError): give the runs.json that "
+                   "residual-fairseq-reproduce wrote"),
+    ('{"runs": []}', "not a list of run records: give the runs.json that residual-fairseq-reproduce wrote"),
+    ([_published_record(test_bleu=float("nan"))], "run 1 has no numeric test_bleu"),
+    ([_published_record(test_chrf="41")], "run 1 has no numeric test_chrf"),
+    ([_published_record(layers="6")], "run 1 has no whole-number layers"),
+    ([_published_record(seed=True)], "run 1 has no whole-number seed"),
+    ([_published_record(variant="../../x")], "run 1 names no known variant"),
+    ([_published_record(dataset=None)], "run 1 names no known dataset"),
+    ([_published_record(ended_by="patience 5 | injected")],
+     "run 1 has an ended_by that is neither 'patience N' nor 'budget'"),
+    ([_published_record(checkpoint="a\nb")], "run 1 has an odd checkpoint"),
+    ([_published_record(beam=0)], "run 1 has an odd beam"),
+    ([_published_record(validations={})], "run 1 has no list of validations"),
+    ([_published_record(validations=[{"epoch": 1, "updates": 2, "loss": "6.1", "bleu": None}])],
+     "run 1 has a validation that is not {epoch, updates, loss, bleu}"),
+    ([{"status": "unfinished"}, _published_record(validations=[[1, 2]])],
+     "run 2 has a validation that is not {epoch, updates, loss, bleu}"),
+])
+def test_a_finished_runs_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, problem):
+    """--finished-runs puts another file's numbers into the tables: each record is checked
+    against the shape the driver writes, and anything else is one line naming the file."""
+    path = tmp_path / "runs.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+                                               "post_ln", "--layers", "6", "--out", tmp_path / "out",
+                                               "--report-only", "--finished-runs", path], only_line=True)
+    assert line == f"error: {path}: {problem}" + (": it is not a record residual-fairseq-reproduce wrote"
+                                                  if problem.startswith("run ") else "")
+    assert not (tmp_path / "out" / "results.md").exists()
+
+
+def test_a_run_finished_differently_in_two_parts_is_refused(tmp_path, capsys):
+    first, second, same = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    first.write_text(json.dumps([_published_record()]))
+    second.write_text(json.dumps([_published_record(test_bleu=30.0)]))
+    # The same run tabulated beside others may carry another status: still the same run.
+    same.write_text(json.dumps([_published_record(status="finished, did not learn")]))
+    assert len(report.read_finished_runs([first, same])) == 1
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+                                               "post_ln", "--layers", "6", "--out", tmp_path / "out",
+                                               "--report-only", "--finished-runs", first, second], only_line=True)
+    assert line == (f"error: {second}: sample-es-en post_ln 6 1 finished differently in {first}: give one of the two")
+    missing = tmp_path / "nowhere.json"
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+                                               "--out", tmp_path / "out", "--report-only", "--finished-runs",
+                                               missing], only_line=True)
+    assert line.startswith(f"error: {missing}: cannot be read as a runs.json (FileNotFoundError)")
