@@ -80,25 +80,30 @@ class Run:
         return self.finished_here or self.record is not None
 
     @property
+    def from_record(self) -> bool:
+        """Finished elsewhere and not here: tabulated from its runs.json record."""
+        return self.record is not None and not self.finished_here
+
+    @property
     def finished_where(self) -> Path:
-        return self.result_path if self.finished_here else self.record_path
+        return self.record_path if self.from_record else self.result_path
 
     def curve(self) -> list:
         """Every validation of the run (see training_log.validation_curve), from its record
         when it finished elsewhere."""
-        if self.record is not None and not self.finished_here:
+        if self.from_record:
             return [dict(point) for point in self.record["validations"]]
         return validation_curve(self.save_dir / train.LOG_NAME)
 
     def ended_by(self) -> Optional[str]:
         """'patience N', 'budget' or None (see reproduce_report.how_training_ended)."""
-        if self.record is not None and not self.finished_here:
+        if self.from_record:
             return self.record.get("ended_by")
         return how_training_ended(self.save_dir / train.LOG_NAME)
 
     def result(self) -> dict:
         """result.json, checked: UserError naming it when it is not what evaluation writes."""
-        if self.record is not None and not self.finished_here:
+        if self.from_record:
             return result_from_record(self.record)
         try:
             result = json.loads(self.result_path.read_text(encoding="utf-8"))
