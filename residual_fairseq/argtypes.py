@@ -41,6 +41,18 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def is_finite_number(value) -> bool:
+    """An int or float (not a bool) that is finite, for values read from JSON or configs a
+    user hands over. An int too large for a float (JSON allows 10**400) is not one: it
+    would overflow wherever it is used as a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def finite_float(text):
     value = _number(text, float)
     if not math.isfinite(value):
@@ -162,6 +174,25 @@ def read_user_lines(path, name=None):
         raise UserError(f"{path} is not a text file (a directory or a device)")
     text = decode_user_text(path.read_bytes(), name or str(path))
     return split_lines(text)
+
+
+def read_regular_file(path, max_bytes: int, what: str, error=UserError, kind: str = None) -> bytes:
+    """The bytes of a file a user names that must be a regular file of at most ``max_bytes``
+    (a JSON profile, a runs.json): a pipe would block, a device (/dev/zero) never end.
+    Problems are ``error`` naming ``what`` and the path (``kind``: what no real one exceeds)."""
+    path = Path(path)
+    try:
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise error(f"{what} {path} is not a regular file")
+            data = handle.read(max_bytes + 1)
+    except IsADirectoryError:
+        raise error(f"{what} {path} is not a regular file") from None
+    except OSError as err:
+        raise error(f"{what} {path}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise error(f"{what} {path} is larger than {max_bytes} bytes, more than any {kind or what} needs")
+    return data
 
 
 def split_lines(text: str):

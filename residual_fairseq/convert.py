@@ -16,13 +16,13 @@ and is written atomically, never over an existing file.
     residual-fairseq-convert authors_checkpoint.pt resi_dual_checkpoint.pt
 """
 import argparse
-import math
 from argparse import Namespace
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from .argtypes import is_finite_number
 from .average_checkpoints import load_checkpoint_file, save_checkpoint_atomically
 from .errors import UserError, cli_main
 from .models.resi_dual import FAIRSEQ_PRESET_OF, OFFICIAL_OPTION_NAMES
@@ -66,7 +66,7 @@ def convert_state(state: dict, arch=None) -> dict:
             current = config_option(options, ours)
             if current is not None and current != value:
                 raise UserError(f"the checkpoint sets both {official}={value} and {ours}={current}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not is_finite_number(value):
                 raise UserError(f"the checkpoint's {official} is {str(value)[:40]!r}, not a finite number")
             set_config_option(options, ours, float(value))
         drop_config_option(options, official)

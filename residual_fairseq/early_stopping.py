@@ -76,7 +76,7 @@ def restore_in_fairseq_train(environ=None) -> bool:
         best, runs = float(state["best"]), state["runs"]
         if not (math.isfinite(best) and isinstance(runs, int) and runs >= 0):
             raise ValueError(value)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError):  # OverflowError: float(10**400)
         logger.warning("ignoring %s=%r: not what the train driver writes", ENVIRONMENT_VARIABLE, value)
         return False
     # fairseq-train has imported this module before the plugin; under torch's spawn a

@@ -15,6 +15,11 @@ class UserError(Exception):
     """Bad input or options; the message says what, in one line."""
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: a user's path or value may hold line breaks."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def cli_main(main):
     """Decorate a ``main(argv=None)`` so that user errors end it cleanly."""
 
@@ -28,7 +33,7 @@ def cli_main(main):
         try:
             return main(argv)
         except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {one_line(str(err))}", file=sys.stderr)
             sys.exit(2)
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
@@ -44,7 +49,7 @@ def cli_main(main):
             # The system refused a read or write (a full disk, a read-only directory, no
             # permission): the user's to fix, so one line naming the file.
             where = f": {err.filename}" if err.filename else ""
-            print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+            print(f"error: {one_line(f'{err.strerror or err}{where}')}", file=sys.stderr)
             sys.exit(2)
 
     return wrapper

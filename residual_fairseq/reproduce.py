@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
-from .argtypes import check_output_dir, int_at_least, positive_int, shell_words
+from .argtypes import check_output_dir, int_at_least, is_finite_number, positive_int, same_file, shell_words
 from .atomic import write_text_atomically
 from .data.pipeline import is_prepare_manifest, read_manifest
 from .errors import UserError, cli_main
@@ -40,7 +40,7 @@ from .errors import UserError, cli_main
 from .evaluate import check_generate_extra_args, evaluate_run
 from .language_models import check_eval_lm_extra_args, eval_lm_command, evaluate_lm
 from .passthrough import refuse_flags
-from .reproduce_report import (dig, how_training_ended, is_language_model, is_number, read_finished_runs,
+from .reproduce_report import (dig, how_training_ended, is_language_model, read_finished_runs,
                                result_from_record, write_reports)
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .training_log import validation_curve
@@ -112,7 +112,7 @@ class Run:
         else:
             scores = ((("perplexity",), ("loss_base2",)) if is_language_model(self.dataset)
                       else (("sacrebleu", "score"), ("chrf", "score")))
-            missing = [".".join(keys) for keys in scores if not is_number(dig(result, keys))]
+            missing = [".".join(keys) for keys in scores if not is_finite_number(dig(result, keys))]
             problem = f"has no numeric {', '.join(missing)}" if missing else None
         if problem:
             raise UserError(f"{self.result_path} {problem}: it is not a result this tool wrote; "
@@ -501,6 +501,29 @@ def check_evaluation_options(datasets, beam=None, generate_args=()) -> None:
         check_eval_lm_extra_args(generate_args)
 
 
+def finished_runs(paths, out: Path) -> dict:
+    """read_finished_runs of ``--finished-runs``, refusing this --out's own runs.json: the
+    tables rewrite it, and records of runs outside this matrix would be gone from it."""
+    for path in paths:
+        if same_file(path, out / "runs.json"):
+            raise UserError(f"--finished-runs {path} is this --out's runs.json, which this command rewrites: "
+                            f"copy it elsewhere and give the copy")
+    return read_finished_runs(paths)
+
+
+def say_where_runs_come_from(runs: List[Run], finished_elsewhere: dict) -> None:
+    """A note for records this matrix leaves out, and for runs finished both here and elsewhere."""
+    keys = {(run.dataset, run.variant, run.layers, run.seed) for run in runs}
+    outside = [key for key in finished_elsewhere if key not in keys]
+    if outside:
+        print(f"note: {len(outside)} finished runs of --finished-runs are outside this matrix "
+              f"(--dataset/--variants/--layers/--seeds) and left out of its tables", flush=True)
+    for run in runs:
+        if run.record is not None and run.finished_here:
+            print(f"note: {run.label} finished both here ({run.result_path}) and in {run.record_path}: "
+                  f"tabulating this --out's", flush=True)
+
+
 @cli_main
 def main(argv=None):
     ours, passthrough = train.split_passthrough(argv)
@@ -511,8 +534,9 @@ def main(argv=None):
     args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
     args.seeds = sorted(set(args.seeds), key=args.seeds.index)
     data = parse_data(args.data, args.dataset)
-    runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds,
-                  read_finished_runs(args.finished_runs))
+    elsewhere = finished_runs(args.finished_runs, Path(args.out))
+    runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
+    say_where_runs_come_from(runs, elsewhere)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from . import configs
+from .argtypes import is_finite_number
 from .atomic import atomic_output, write_text_atomically
 from .variants import COLOURS
 
@@ -61,10 +62,6 @@ def dig(value, keys):
     return value
 
 
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def run_metrics(run: "Run") -> dict:
     """The numbers one finished run contributes to the table."""
     result = run.result()
@@ -77,7 +74,7 @@ def run_metrics(run: "Run") -> dict:
     return {
         "test_bleu": result["sacrebleu"]["score"],
         "test_chrf": result["chrf"]["score"],
-        "test_tok_bleu": tokenized_bleu if is_number(tokenized_bleu) else None,
+        "test_tok_bleu": tokenized_bleu if is_finite_number(tokenized_bleu) else None,
         "best_valid_bleu": max(bleus) if bleus else None,
         "best_valid_loss": min((point["loss"] for point in curve), default=None),
         "last_valid_loss": curve[-1]["loss"] if curve else None,
@@ -136,45 +133,65 @@ def run_record(run: "Run", did_not_learn: bool = False) -> dict:
 # shape run_record writes, or it is a one-line error naming the file and the run.
 
 FINISHED_RUNS_MAX_BYTES = 64 * 1024 * 1024
-_ENDED_BY = re.compile(r"(patience \d{1,9}|budget)")
+FINISHED_STATUSES = ("finished", "finished, did not learn")
+_ENDED_BY = re.compile(r"(patience [0-9]{1,9}|budget)")
 _VALIDATION_KEYS = {"epoch", "updates", "loss", "bleu"}
+# What each number of a record may be, (low, high): scores as the tools report them;
+# losses in bits per token (anything above 100 is no trained model's). The bounds also
+# keep means, variances and 2 ** loss within floating point.
+_RANGES = {"test_bleu": (0, 100), "test_chrf": (0, 100), "test_tok_bleu": (0, 100), "test_ppl": (1, 2 ** 100),
+           "test_loss": (0, 100), "loss": (0, 100), "bleu": (0, 100)}
+_COUNT_MAX = 10 ** 12
+
+
+def _in_range(value, low, high) -> bool:
+    return is_finite_number(value) and low <= value <= high
+
+
+def _is_count(value, low=0, high=_COUNT_MAX) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _record_problem(record: dict) -> Optional[str]:
     """What makes a finished run's record unlike run_record's, or None."""
     from .variants import VARIANTS
 
-    if record.get("dataset") not in configs.DATASETS:
+    if not (isinstance(record.get("dataset"), str) and record["dataset"] in configs.DATASETS):
         return "names no known dataset"
-    if record.get("variant") not in VARIANTS:
+    if not (isinstance(record.get("variant"), str) and record["variant"] in VARIANTS):
         return "names no known variant"
-    for key in ("layers", "seed"):
-        if not isinstance(record.get(key), int) or isinstance(record.get(key), bool) or record[key] < 0:
-            return f"has no whole-number {key}"
+    if not _is_count(record.get("layers"), 1, configs.MAX_LAYERS):
+        return f"has no depth (layers) from 1 to {configs.MAX_LAYERS}"
+    if not _is_count(record.get("seed"), 0, 2 ** 63 - 1):
+        return "has no whole-number seed"
     scores = [column for column, _ in metrics_for(record["dataset"]) if column.startswith("test_")]
     required = ("test_ppl", "test_loss") if is_language_model(record["dataset"]) else ("test_bleu", "test_chrf")
     for column in scores:
-        if not (is_number(record.get(column)) or (column not in required and record.get(column) is None)):
-            return f"has no numeric {column}"
+        if not (_in_range(record.get(column), *_RANGES[column]) or (column not in required and record.get(column) is None)):
+            low, high = _RANGES[column]
+            return f"has no {column} from {low} to {high:.4g}"
     ended_by = record.get("ended_by")
     if ended_by is not None and not (isinstance(ended_by, str) and _ENDED_BY.fullmatch(ended_by)):
         return "has an ended_by that is neither 'patience N' nor 'budget'"
-    for key in ("checkpoint", "sacrebleu_signature"):
-        value = record.get(key)
-        if value is not None and not (isinstance(value, str) and len(value) <= 300 and value.isprintable()):
-            return f"has an odd {key}"
-    beam = record.get("beam")
-    if beam is not None and not (isinstance(beam, int) and not isinstance(beam, bool) and beam >= 1):
+    checkpoint = record.get("checkpoint")
+    # run_record writes the file name alone: a path here is not its record.
+    if checkpoint is not None and not (isinstance(checkpoint, str) and 0 < len(checkpoint) <= 255
+                                       and checkpoint.isprintable() and checkpoint == Path(checkpoint).name):
+        return "has an odd checkpoint"
+    signature = record.get("sacrebleu_signature")
+    if signature is not None and not (isinstance(signature, str) and len(signature) <= 300 and signature.isprintable()):
+        return "has an odd sacrebleu_signature"
+    if record.get("beam") is not None and not _is_count(record["beam"], 1, 1000):
         return "has an odd beam"
     validations = record.get("validations")
     if not isinstance(validations, list):
         return "has no list of validations"
     for point in validations:
         if not (isinstance(point, dict) and set(point) == _VALIDATION_KEYS
-                and all(isinstance(point[key], int) and not isinstance(point[key], bool) and point[key] >= 0
-                        for key in ("epoch", "updates"))
-                and is_number(point["loss"]) and (point["bleu"] is None or is_number(point["bleu"]))):
-            return "has a validation that is not {epoch, updates, loss, bleu}"
+                and _is_count(point["epoch"]) and _is_count(point["updates"])
+                and _in_range(point["loss"], *_RANGES["loss"])
+                and (point["bleu"] is None or _in_range(point["bleu"], *_RANGES["bleu"]))):
+            return "has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"
     return None
 
 
@@ -185,22 +202,21 @@ def read_finished_runs(paths) -> dict:
     same run finished in two files with different records is an error: which is right
     cannot be told.
     """
+    from .argtypes import read_regular_file
     from .errors import UserError
 
     found = {}
     for path in map(Path, paths):
+        raw = read_regular_file(path, FINISHED_RUNS_MAX_BYTES, "--finished-runs file", kind="runs.json")
         try:
-            if path.stat().st_size > FINISHED_RUNS_MAX_BYTES:
-                raise UserError(f"{path}: over {FINISHED_RUNS_MAX_BYTES // 2 ** 20} MB: not a runs.json this tool wrote")
-            records = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            records = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise UserError(f"{path}: cannot be read as a runs.json ({err.__class__.__name__}): give the "
                             f"runs.json that residual-fairseq-reproduce wrote") from None
         if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
             raise UserError(f"{path}: not a list of run records: give the runs.json that residual-fairseq-reproduce wrote")
         for number, record in enumerate(records, 1):
-            status = record.get("status")
-            if not (isinstance(status, str) and status.startswith("finished")):
+            if record.get("status") not in FINISHED_STATUSES:
                 continue
             problem = _record_problem(record)
             if problem:
@@ -221,7 +237,10 @@ def _comparable(record: dict) -> dict:
 def result_from_record(record: dict) -> dict:
     """A finished run's record read back as the result.json that evaluation wrote for it."""
     if is_language_model(record["dataset"]):
-        return {"perplexity": record["test_ppl"], "loss_base2": record["test_loss"]}
+        result = {"perplexity": record["test_ppl"], "loss_base2": record["test_loss"]}
+        if record.get("checkpoint") is not None:
+            result["checkpoint"] = record["checkpoint"]
+        return result
     result = {"sacrebleu": {"score": record["test_bleu"], "signature": record.get("sacrebleu_signature")},
               "chrf": {"score": record["test_chrf"]}, "generation": {"beam": record.get("beam")}}
     if record.get("test_tok_bleu") is not None:

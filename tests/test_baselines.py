@@ -249,6 +249,7 @@ def header(**stacks):
     (json.dumps(header(encoder=[[1.0, "2"]], decoder=[])), "not a finite positive number"),
     (json.dumps(header(encoder=[[1.0, -2.0]], decoder=[])), "not a finite positive number"),
     (json.dumps(header(encoder=[[1.0, True]], decoder=[])), "not a finite positive number"),
+    (json.dumps(header(encoder=[[1.0, 10 ** 400]], decoder=[])), "not a finite positive number"),  # overflows a float
     (json.dumps(header(encoder=[[1.0]], decoder=[])).replace("1.0", "NaN"), "not a valid JSON profile"),
     (json.dumps(header(encoder=[[1.0]], decoder=[])).replace("1.0", "Infinity"), "not a valid JSON profile"),
     (json.dumps(header(encoder={"a": 1}, decoder=[])), "must be a list of lists"),

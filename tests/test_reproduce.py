@@ -527,21 +527,36 @@ def _published_record(**changes):
     (b"\xff\xfe[", "cannot be read as a runs.json (UnicodeDecodeError): give the runs.json that "
                    "residual-fairseq-reproduce wrote"),
     ('{"runs": []}', "not a list of run records: give the runs.json that residual-fairseq-reproduce wrote"),
-    ([_published_record(test_bleu=float("nan"))], "run 1 has no numeric test_bleu"),
-    ([_published_record(test_chrf="41")], "run 1 has no numeric test_chrf"),
-    ([_published_record(layers="6")], "run 1 has no whole-number layers"),
+    ("[" * 5000 + "]" * 5000, "cannot be read as a runs.json (RecursionError): give the runs.json that "
+                              "residual-fairseq-reproduce wrote"),
+    ([_published_record(test_bleu=float("nan"))], "run 1 has no test_bleu from 0 to 100"),
+    ([_published_record(test_bleu=10 ** 400)], "run 1 has no test_bleu from 0 to 100"),
+    ([_published_record(test_bleu=1e200)], "run 1 has no test_bleu from 0 to 100"),
+    ([_published_record(test_chrf="41")], "run 1 has no test_chrf from 0 to 100"),
+    ([_published_record(test_tok_bleu=-1)], "run 1 has no test_tok_bleu from 0 to 100"),
+    ([_published_record(layers="6")], "run 1 has no depth (layers) from 1 to 1000"),
+    ([_published_record(layers=6.0)], "run 1 has no depth (layers) from 1 to 1000"),
     ([_published_record(seed=True)], "run 1 has no whole-number seed"),
     ([_published_record(variant="../../x")], "run 1 names no known variant"),
+    ([_published_record(variant=["post_ln"])], "run 1 names no known variant"),
+    ([_published_record(dataset={"a": 1})], "run 1 names no known dataset"),
     ([_published_record(dataset=None)], "run 1 names no known dataset"),
     ([_published_record(ended_by="patience 5 | injected")],
      "run 1 has an ended_by that is neither 'patience N' nor 'budget'"),
+    ([_published_record(ended_by="patience \u0663")],
+     "run 1 has an ended_by that is neither 'patience N' nor 'budget'"),
     ([_published_record(checkpoint="a\nb")], "run 1 has an odd checkpoint"),
+    ([_published_record(checkpoint="../../etc/passwd")], "run 1 has an odd checkpoint"),
     ([_published_record(beam=0)], "run 1 has an odd beam"),
     ([_published_record(validations={})], "run 1 has no list of validations"),
     ([_published_record(validations=[{"epoch": 1, "updates": 2, "loss": "6.1", "bleu": None}])],
-     "run 1 has a validation that is not {epoch, updates, loss, bleu}"),
-    ([{"status": "unfinished"}, _published_record(validations=[[1, 2]])],
-     "run 2 has a validation that is not {epoch, updates, loss, bleu}"),
+     "run 1 has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"),
+    ([_published_record(validations=[{"epoch": 1, "updates": 10 ** 400, "loss": 6.1, "bleu": None}])],
+     "run 1 has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"),
+    ([_published_record(validations=[{"epoch": 1, "updates": 2, "loss": 1e308, "bleu": None}])],
+     "run 1 has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"),
+    ([{"status": "unfinished"}, {"status": "finishedXYZ"}, _published_record(validations=[[1, 2]])],
+     "run 3 has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"),
 ])
 def test_a_finished_runs_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, problem):
     """--finished-runs puts another file's numbers into the tables: each record is checked
@@ -574,4 +589,62 @@ def test_a_run_finished_differently_in_two_parts_is_refused(tmp_path, capsys):
     line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
                                                "--out", tmp_path / "out", "--report-only", "--finished-runs",
                                                missing], only_line=True)
-    assert line.startswith(f"error: {missing}: cannot be read as a runs.json (FileNotFoundError)")
+    assert line == f"error: --finished-runs file {missing}: No such file or directory"
+
+
+def test_a_finished_runs_file_must_be_a_regular_file(tmp_path, capsys):
+    """A pipe would block the driver, a device (/dev/zero) fill its memory."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "post_ln", "--layers", "6",
+            "--out", tmp_path / "out", "--report-only", "--finished-runs"]
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        line = user_error(capsys, reproduce.main, argv + [path], only_line=True)
+        assert line == f"error: --finished-runs file {path} is not a regular file"
+    # A line break in a path stays one line.
+    odd = tmp_path / "no\nsuch.json"
+    line = user_error(capsys, reproduce.main, argv + [odd], only_line=True)
+    assert line == f"error: --finished-runs file {tmp_path}/no\\nsuch.json: No such file or directory"
+
+
+def test_the_outs_own_runs_json_is_not_taken_as_finished_runs(tmp_path, capsys):
+    """The tables rewrite OUT/runs.json: given as --finished-runs too, records of runs
+    outside this matrix would be gone from it without a word."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(PUBLISHED / "runs.json", out / "runs.json")
+    before = (out / "runs.json").read_bytes()
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+                                               "--variants", "post_ln", "--layers", "6", "--out", out, "--report-only",
+                                               "--finished-runs", out / "." / "runs.json"], only_line=True)
+    assert line == (f"error: --finished-runs {out}/runs.json is this --out's runs.json, which this command "
+                    "rewrites: copy it elsewhere and give the copy")
+    assert (out / "runs.json").read_bytes() == before
+
+    # A copy is fine, and the driver says what it leaves out.
+    shutil.copy(out / "runs.json", tmp_path / "part1.json")
+    reproduce.main([str(arg) for arg in ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+                                         "post_ln", "--layers", "6", "--seeds", "1", "2", "--out", out,
+                                         "--report-only", "--finished-runs", tmp_path / "part1.json"]])
+    printed = capsys.readouterr().out
+    finished = sum(record["status"].startswith("finished") for record in json.loads(before))
+    assert f"note: {finished - 2} finished runs of --finished-runs are outside this matrix" in printed
+    assert [record["status"] for record in json.loads((out / "runs.json").read_text())] == [
+        "finished", "finished, did not learn"]
+
+
+def test_a_language_model_record_goes_round_trip(tmp_path):
+    """Perplexity records carry over like BLEU ones, checkpoint name included, so chained
+    parts (part 1's file and part 2's, which re-exports part 1's runs) agree."""
+    record = {"dataset": "sample-lm", "variant": "resi_dual", "layers": 2, "seed": 1, "status": "finished",
+              "epochs": 1, "ended_by": "budget", "best_valid_loss": 7.5, "best_epoch": 1, "test_ppl": 180.5,
+              "test_loss": 7.496, "checkpoint": "checkpoint_best.pt",
+              "validations": [{"epoch": 1, "updates": 8, "loss": 7.5, "bleu": None}]}
+    part1 = tmp_path / "part1.json"
+    part1.write_text(json.dumps([record]))
+    runs = reproduce.matrix({"sample-lm": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[2],
+                            finished_elsewhere=report.read_finished_runs([part1]))
+    paths = report.write_reports(runs, tmp_path / "out")
+    assert json.loads(paths["runs_json"].read_text()) == [record]
+    assert "| sample-lm | resi_dual | 2 | 1 | 180.50 | 7.50 | 181.02 |" in paths["lm_markdown"].read_text()
+    assert len(report.read_finished_runs([part1, paths["runs_json"]])) == 1

@@ -318,7 +318,8 @@ def test_fairseq_train_takes_the_count_only_from_a_well_formed_variable(monkeypa
         monkeypatch.delattr(stop_early, name, raising=False)
     variable = early_stopping.ENVIRONMENT_VARIABLE
     assert not early_stopping.restore_in_fairseq_train({})
-    for bad in ("{", '{"best": "nan", "runs": 1}', '{"best": 1.0, "runs": -1}', '{"best": 1.0}', "[]"):
+    for bad in ("{", '{"best": "nan", "runs": 1}', '{"best": 1.0, "runs": -1}', '{"best": 1.0}', "[]",
+                '{"best": 1' + "0" * 400 + ', "runs": 1}'):  # an int too large for a float
         assert not early_stopping.restore_in_fairseq_train({variable: bad})
         assert not hasattr(stop_early, "best")
     monkeypatch.setattr(stop_early, "best", None, raising=False)  # restored by monkeypatch afterwards

@@ -32,7 +32,6 @@ so; a checkpoint carries its trained omegas in its weights either way.
 import json
 import logging
 import math
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -43,6 +42,7 @@ from torch import Tensor, nn
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 
+from ..argtypes import is_finite_number, read_regular_file
 from ..atomic import write_text_atomically
 from ..safe_checkpoints import WEIGHTS_FROM_CHECKPOINT
 from .postln_family import PostLNFamilyModel, fairseq_preset_of, register_presets, stacks_with
@@ -119,22 +119,8 @@ def read_profile(path) -> Dict[str, List[List[float]]]:
     The file is JSON (no code runs when reading it); anything but lists of finite
     positive numbers under the expected header is refused with one line.
     """
-    path = Path(path)
-    try:
-        info = path.stat()
-    except OSError as err:
-        raise ModelConfigError(f"Admin profile {path}: {err.strerror or err}") from None
     # A regular file only: a device or a pipe named by a (hostile) config could block or never end.
-    if not stat.S_ISREG(info.st_mode):
-        raise ModelConfigError(f"Admin profile {path} is not a regular file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PROFILE_BYTES + 1)
-    except OSError as err:
-        raise ModelConfigError(f"Admin profile {path}: {err.strerror or err}") from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ModelConfigError(f"Admin profile {path} is larger than {MAX_PROFILE_BYTES} bytes, "
-                               "more than any profile needs")
+    raw = read_regular_file(path, MAX_PROFILE_BYTES, "Admin profile", ModelConfigError, kind="profile")
     try:
         data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -151,8 +137,7 @@ def read_profile(path) -> Dict[str, List[List[float]]]:
             raise ModelConfigError(f"Admin profile {path}: {stack!r} must be a list of lists of omegas")
         for layer in layers:
             for value in layer:
-                if (isinstance(value, bool) or not isinstance(value, (int, float))
-                        or not math.isfinite(value) or value <= 0):
+                if not is_finite_number(value) or value <= 0:
                     raise ModelConfigError(f"Admin profile {path}: omega {value!r} is not a finite positive number")
         profile[stack] = [[float(value) for value in layer] for layer in layers]
     return profile

@@ -41,6 +41,7 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer import transformer_legacy as fairseq_presets
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from ..argtypes import is_finite_number
 from . import dual_stream
 from .postln_layers import (
     ModelConfigError,
@@ -87,7 +88,7 @@ DUAL_STREAM_OPTIONS = tuple(OFFICIAL_OPTION_NAMES.values())
 
 
 def _check_number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not is_finite_number(value) or value <= 0:
         raise ModelConfigError(f"--{name.replace('_', '-')} must be a finite positive number, got {value!r}")
     return float(value)
 
