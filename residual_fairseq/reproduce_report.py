@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from . import configs
-from .argtypes import is_finite_number
+from .argtypes import is_finite_number, read_regular_file
 from .atomic import atomic_output, write_text_atomically
-from .variants import COLOURS
+from .errors import UserError
+from .variants import COLOURS, VARIANTS
 
 if TYPE_CHECKING:
     from .reproduce import Run
@@ -154,8 +155,6 @@ def _is_count(value, low=0, high=_COUNT_MAX) -> bool:
 
 def _record_problem(record: dict) -> Optional[str]:
     """What makes a finished run's record unlike run_record's, or None."""
-    from .variants import VARIANTS
-
     if not (isinstance(record.get("dataset"), str) and record["dataset"] in configs.DATASETS):
         return "names no known dataset"
     if not (isinstance(record.get("variant"), str) and record["variant"] in VARIANTS):
@@ -202,9 +201,6 @@ def read_finished_runs(paths) -> dict:
     same run finished in two files with different records is an error: which is right
     cannot be told.
     """
-    from .argtypes import read_regular_file
-    from .errors import UserError
-
     found = {}
     for path in map(Path, paths):
         raw = read_regular_file(path, FINISHED_RUNS_MAX_BYTES, "--finished-runs file", kind="runs.json")
