@@ -234,13 +234,11 @@ def result_from_record(record: dict) -> dict:
     """A finished run's record read back as the result.json that evaluation wrote for it."""
     if is_language_model(record["dataset"]):
         result = {"perplexity": record["test_ppl"], "loss_base2": record["test_loss"]}
-        if record.get("checkpoint") is not None:
-            result["checkpoint"] = record["checkpoint"]
-        return result
-    result = {"sacrebleu": {"score": record["test_bleu"], "signature": record.get("sacrebleu_signature")},
-              "chrf": {"score": record["test_chrf"]}, "generation": {"beam": record.get("beam")}}
-    if record.get("test_tok_bleu") is not None:
-        result["tokenized_bleu"] = {"score": record["test_tok_bleu"]}
+    else:
+        result = {"sacrebleu": {"score": record["test_bleu"], "signature": record.get("sacrebleu_signature")},
+                  "chrf": {"score": record["test_chrf"]}, "generation": {"beam": record.get("beam")}}
+        if record.get("test_tok_bleu") is not None:
+            result["tokenized_bleu"] = {"score": record["test_tok_bleu"]}
     if record.get("checkpoint") is not None:
         result["checkpoint"] = record["checkpoint"]
     return result
