@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="residual-fairseq-average-checkpoints",
         description="Average the parameters of fairseq checkpoints (as fairseq's scripts/average_checkpoints.py).",
     )
-    parser.add_argument("--inputs", required=True, nargs="+",
+    parser.add_argument("--inputs", required=True, nargs="+", action="extend",
                         help="checkpoint files, or one directory with --num-epoch-checkpoints/--num-update-checkpoints")
     parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     count = parser.add_mutually_exclusive_group()

@@ -336,7 +336,7 @@ def build_parser():
     parser.add_argument("--train-config", nargs=3, metavar=("DATASET", "VARIANT", "LAYERS"),
                         help="the original training config (default: from run.json beside the checkpoint)")
     for split in ("train", "valid", "test"):
-        parser.add_argument(f"--{split}", nargs="+", default=[], metavar="FILE",
+        parser.add_argument(f"--{split}", nargs="+", action="extend", default=[], metavar="FILE",
                             help=f"--dataset custom: {split} data as SRC_FILE TGT_FILE or one TSV")
     parser.add_argument("--nprocs", type=positive_int, default=1)
     parser.add_argument("--dry-run", action="store_true", help="prepare the data, print the training command")

@@ -438,16 +438,18 @@ def build_parser():
         description="Train and evaluate dataset x variant x depth x seed, skipping finished runs, "
                     "and tabulate mean ± std over seeds. Flags after -- go to every fairseq-train.",
     )
-    parser.add_argument("--dataset", nargs="+", required=True, choices=list(configs.DATASETS))
-    parser.add_argument("--data", nargs="+", required=True, metavar="[DATASET=]DIR",
+    # Every list flag is action="extend": given twice, it keeps both lists (argparse's default
+    # keeps the last one and silently drops the rest, e.g. one of two --finished-runs files).
+    parser.add_argument("--dataset", nargs="+", action="extend", required=True, choices=list(configs.DATASETS))
+    parser.add_argument("--data", nargs="+", action="extend", required=True, metavar="[DATASET=]DIR",
                         help="fairseq data directory (the prepared bin/) of each dataset")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+    parser.add_argument("--variants", nargs="+", action="extend", choices=VARIANTS,
                         help="default: every variant of each dataset's task (language models: post_ln pre_ln resi_dual)")
-    parser.add_argument("--layers", nargs="+", type=int_at_least(1, configs.MAX_LAYERS),
+    parser.add_argument("--layers", nargs="+", action="extend", type=int_at_least(1, configs.MAX_LAYERS),
                         help="depths, any (default: each dataset's shipped depths)")
-    parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1])
+    parser.add_argument("--seeds", nargs="+", action="extend", type=int_at_least(0), help="default: 1")
     parser.add_argument("--out", required=True, help="runs and reports go here")
-    parser.add_argument("--finished-runs", nargs="+", default=[], metavar="RUNS_JSON",
+    parser.add_argument("--finished-runs", nargs="+", action="extend", default=[], metavar="RUNS_JSON",
                         help="runs.json of earlier parts of the matrix (another machine, another --out): "
                              "the runs finished there are skipped and tabulated from it, without their "
                              "checkpoints")
@@ -532,7 +534,7 @@ def main(argv=None):
     check_passthrough(passthrough)
     check_evaluation_options(args.dataset, args.beam, args.generate_args)
     args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
-    args.seeds = sorted(set(args.seeds), key=args.seeds.index)
+    args.seeds = list(dict.fromkeys(args.seeds or [1]))  # in order, once each
     data = parse_data(args.data, args.dataset)
     elsewhere = finished_runs(args.finished_runs, Path(args.out))
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)

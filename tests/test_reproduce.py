@@ -514,6 +514,49 @@ def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_win
     assert run_.curve() == [] and run_.ended_by() is None
 
 
+
+def test_finished_runs_given_twice_tabulates_both_files(tmp_path, monkeypatch, capsys):
+    """`--finished-runs A --finished-runs B` once kept B alone and dropped A's runs without a word."""
+    from residual_fairseq import train
+
+    record = {"dataset": "sample-es-en", "variant": "b2t", "layers": 2, "seed": 1, "status": "finished",
+              "epochs": 2, "ended_by": "budget", "best_valid_loss": 5.5, "best_epoch": 2, "test_bleu": 12.5,
+              "test_chrf": 30.0, "test_tok_bleu": None, "checkpoint": "checkpoint_best.pt", "beam": 5,
+              "sacrebleu_signature": "nrefs:1", "validations": [{"epoch": 2, "updates": 20, "loss": 5.5, "bleu": None}]}
+    parts = []
+    for seed, bleu in ((1, 12.5), (2, 14.5)):
+        part = tmp_path / f"part{seed}" / "runs.json"
+        part.parent.mkdir()
+        part.write_text(json.dumps([{**record, "seed": seed, "test_bleu": bleu}]))
+        parts += ["--finished-runs", part]
+    monkeypatch.setattr(train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    out = tmp_path / "out"
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "b2t", "--layers", "2",
+            "--seeds", "1", "--seeds", "2", "--out", out, *parts]
+    reproduce.main([str(arg) for arg in argv])
+    assert "2 runs (2 finished)" in capsys.readouterr().out
+    assert "| sample-es-en | b2t | 2 | 1 2 | 13.50 ± 1.41 |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("module, argv, dest, expected", [
+    ("reproduce", ["--dataset", "sample-es-en", "--data", "a", "--out", "o", "--variants", "b2t",
+                   "--variants", "admin", "--layers", "6", "--layers", "18"], "layers", [6, 18]),
+    ("reproduce", ["--dataset", "sample-es-en", "--data", "a", "--out", "o", "--variants", "b2t",
+                   "--variants", "admin"], "variants", ["b2t", "admin"]),
+    ("analysis.cli", ["--out", "o", "--merge", "a.json", "--merge", "b.json"], "merge", ["a.json", "b.json"]),
+    ("data.cli", ["--dataset", "custom", "--out", "o", "--train", "t.es", "--train", "t.en"], "train",
+     [Path("t.es"), Path("t.en")]),
+    ("finetune", ["--checkpoint", "c.pt", "--dataset", "custom", "-s", "es", "-t", "en", "--data-out", "d",
+                  "--save-dir", "s", "--train", "t.es", "--train", "t.en"], "train", ["t.es", "t.en"]),
+    ("average_checkpoints", ["--inputs", "a.pt", "--inputs", "b.pt", "--output", "c.pt"], "inputs",
+     ["a.pt", "b.pt"]),
+])
+def test_a_list_flag_given_twice_keeps_both_lists(module, argv, dest, expected):
+    import importlib
+    parser = importlib.import_module(f"residual_fairseq.{module}").build_parser()
+    assert getattr(parser.parse_args(argv), dest) == expected
+
+
 def _published_record(**changes):
     record = json.loads((PUBLISHED / "runs.json").read_text())[0]
     assert record["status"] == "finished"

@@ -32,13 +32,13 @@ def build_parser():
     )
     p.add_argument("data", nargs="?", help="fairseq-preprocess output dir (e.g. from residual-fairseq-prepare)")
     p.add_argument("--out", required=True, help="output dir: analysis.json, *.csv, *.png")
-    p.add_argument("--merge", nargs="+", metavar="ANALYSIS_JSON",
+    p.add_argument("--merge", nargs="+", action="extend", metavar="ANALYSIS_JSON",
                    help="instead of measuring, combine earlier outputs (e.g. one per variant, "
                         "run in parallel) into one report and its figures")
     p.add_argument("--source-lang")
     p.add_argument("--target-lang")
     g = p.add_argument_group("models")
-    g.add_argument("--variants", nargs="*", choices=VARIANTS, default=None,
+    g.add_argument("--variants", nargs="*", action="extend", choices=VARIANTS, default=None,
                    help="fresh models to build (default: all of them, or none when --checkpoint is given)")
     g.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                    help="also analyse a trained checkpoint under LABEL (repeatable); "

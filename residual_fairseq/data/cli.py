@@ -53,7 +53,7 @@ def build_parser():
 
     own = parser.add_argument_group("your own corpus (--dataset custom)")
     for split in ("train", "valid", "test"):
-        own.add_argument(f"--{split}", nargs="+", type=Path, default=[], metavar="FILE",
+        own.add_argument(f"--{split}", nargs="+", action="extend", type=Path, default=[], metavar="FILE",
                          help=f"{split} data: SRC_FILE TGT_FILE, or one TSV file (.gz allowed)")
     own.add_argument("--tsv-columns", default="0,1", help="source,target column numbers of TSV files (default 0,1)")
     own.add_argument("--valid-size", type=positive_int, help="pairs held out of train when --valid is absent")
@@ -65,7 +65,7 @@ def build_parser():
     opus.add_argument("--directions", default="both", choices=("both", "from-en", "to-en"))
 
     run = parser.add_argument_group("running")
-    run.add_argument("--from-archive", nargs="+", type=Path, default=[], metavar="PATH",
+    run.add_argument("--from-archive", nargs="+", action="extend", type=Path, default=[], metavar="PATH",
                      help="use files you fetched yourself: archives or directories, instead of downloading")
     run.add_argument("--download-dir", type=Path, help="where downloads are kept and resumed "
                      "(default ~/.cache/residual-fairseq/downloads)")
