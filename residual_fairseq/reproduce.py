@@ -533,8 +533,9 @@ def main(argv=None):
     check_output_dir(args.out, "--out")
     check_passthrough(passthrough)
     check_evaluation_options(args.dataset, args.beam, args.generate_args)
-    args.layers = sorted(set(args.layers), key=args.layers.index) if args.layers else None
-    args.seeds = list(dict.fromkeys(args.seeds or [1]))  # in order, once each
+    # in the order given, once each
+    args.layers = list(dict.fromkeys(args.layers)) if args.layers else None
+    args.seeds = list(dict.fromkeys(args.seeds or [1]))
     data = parse_data(args.data, args.dataset)
     elsewhere = finished_runs(args.finished_runs, Path(args.out))
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)

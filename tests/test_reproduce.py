@@ -1,6 +1,7 @@
 """residual-fairseq-reproduce: a 2-variant matrix on the sample corpus, end to end, then skipped."""
 import csv
 import fcntl
+import importlib
 import json
 import os
 import shutil
@@ -514,7 +515,6 @@ def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_win
     assert run_.curve() == [] and run_.ended_by() is None
 
 
-
 def test_finished_runs_given_twice_tabulates_both_files(tmp_path, monkeypatch, capsys):
     """`--finished-runs A --finished-runs B` once kept B alone and dropped A's runs without a word."""
     from residual_fairseq import train
@@ -552,7 +552,6 @@ def test_finished_runs_given_twice_tabulates_both_files(tmp_path, monkeypatch, c
      ["a.pt", "b.pt"]),
 ])
 def test_a_list_flag_given_twice_keeps_both_lists(module, argv, dest, expected):
-    import importlib
     parser = importlib.import_module(f"residual_fairseq.{module}").build_parser()
     assert getattr(parser.parse_args(argv), dest) == expected
 
