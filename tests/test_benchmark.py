@@ -52,6 +52,20 @@ def test_depth_benchmark_reports_every_depth_and_variant(toy_data_bin, tmp_path,
         assert f"{row['final_loss']:.3f}" in table
 
 
+def test_depth_benchmark_log_interval_reports_the_loss_along_the_way(toy_data_bin, tmp_path, capsys):
+    """--log-interval N prints each run's training loss every N updates, so a run cut short
+    by a time limit still shows how far it got; the last report is the loss the row ends on."""
+    main(["depth", "--data", str(toy_data_bin), "--depths", "1", "--variants", "resi_dual", "--width", "16",
+          "--updates", "4", "--warmup-updates", "1", "--valid-batches", "1", "--threads", "1",
+          "--log-interval", "2", "--json", str(tmp_path / "d.json")])
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if ": update " in line]
+    assert [line.split(": update ")[1].split()[0] for line in lines] == ["2", "4"]
+    assert all(line.startswith("seed 1 L1 resi_dual: update ") for line in lines)
+    row = json.loads((tmp_path / "d.json").read_text())["rows"][0]
+    assert lines[-1].endswith(f"loss {row['final_loss']:.3f}")  # 4 updates: the last tenth is the last one
+
+
 def test_depth_benchmark_over_seeds_reports_mean_and_std(toy_data_bin, tmp_path, capsys):
     """--seeds runs the whole matrix per seed; each seed's runs equal a single --seed run
     (the seed fixes batches and initialisation), and the summary is their mean ± std."""

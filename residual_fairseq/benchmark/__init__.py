@@ -125,6 +125,8 @@ def build_parser():
     depth.add_argument("--lr", type=positive_float, default=1e-3)
     depth.add_argument("--warmup-updates", type=nonnegative_int, default=100)
     depth.add_argument("--valid-batches", type=positive_int, default=20)
+    depth.add_argument("--log-interval", type=nonnegative_int, default=0,
+                       help="also print each run's training loss every N updates (default 0: only its result)")
     depth.add_argument("--seeds", default=None,
                        help="comma-separated seeds, each a full run of every depth and variant, with a "
                             "mean ± std table (default: --seed)")
@@ -169,7 +171,7 @@ def main(argv=None):
         report = run_depth_benchmark(
             args.data, parse_depths(args.depths), width=args.width, updates=args.updates,
             lr=args.lr, warmup_updates=args.warmup_updates, valid_batches=args.valid_batches,
-            seeds=parse_seeds(args.seeds), **common,
+            seeds=parse_seeds(args.seeds), log_interval=args.log_interval, **common,
         )
         render = depth_report
     report["environment"] = started

@@ -27,7 +27,7 @@ def inverse_sqrt_schedule(warmup_updates):
 
 
 def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, device,
-              precision, seed) -> dict:
+              precision, seed, log_interval=0, progress=print) -> dict:
     torch.manual_seed(seed)
     model = build_variant(
         task, variant, "", encoder_layers=layers, decoder_layers=layers,
@@ -42,6 +42,9 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
     losses = []
     for batch in train:
         losses.append(trainer.step(batch))
+        if log_interval and len(losses) % log_interval == 0:
+            # a run cut short (a time limit, a lost lease) still shows how far it got
+            progress(f"seed {seed} L{layers} {variant}: update {len(losses)} loss {losses[-1]:.3f}")
         if not math.isfinite(losses[-1]):
             break
     tail = losses[-max(1, len(losses) // 10):]  # the last tenth smooths batch-to-batch noise
@@ -56,9 +59,10 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
 def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, updates=300,
                         lr=1e-3, warmup_updates=100, max_tokens=2048, valid_batches=20,
                         device="auto", precision="fp32", threads=None, seed=1, seeds=None,
-                        source_lang=None, target_lang=None, progress=print) -> dict:
+                        source_lang=None, target_lang=None, log_interval=0, progress=print) -> dict:
     """Train every variant at every depth, for each seed (``seeds``, default ``[seed]``);
-    returns settings and one row per run. A seed fixes the batches and every initialisation."""
+    returns settings and one row per run. A seed fixes the batches and every initialisation.
+    ``log_interval``: also report the training loss every that many updates (0: only each run's end)."""
     if updates < 1 or width < 4 or width % 4:
         raise UserError("--updates must be >= 1 and --width a positive multiple of 4 (4 heads)")
     seeds = list(seeds) if seeds else [seed]
@@ -76,7 +80,7 @@ def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, u
         for layers in depths:
             for variant in variants:
                 row = train_one(task, variant, layers, width, train, valid, lr, warmup_updates,
-                                device, precision, run_seed)
+                                device, precision, run_seed, log_interval, progress)
                 rows.append({**row, "seed": run_seed})
                 progress(f"seed {run_seed} L{layers} {variant}: loss {row['start_loss']:.3f} -> "
                          f"{row['final_loss']:.3f}, valid {row['valid_loss']:.3f}"
