@@ -26,34 +26,14 @@
 # reached 200 of 300 updates (docs/benchmarks.md, "Results on an H200"). On a similar
 # lease, cut the plan (one size, fewer variants, 6 and 18 layers) rather than the limits.
 #
-# Wheels in .whl/ (if present) are installed into /tmp/site first: a bare machine
-# that has torch but not fairseq (how the recorded run was made).
+# Set-up shared with cuda_depth_decode.sh (logging, wheels from .whl/ for a device that
+# has torch but not fairseq, the environment check) is in device_env.sh.
 set -u
 DATA=${1:?usage: cuda_checks.sh DATA_BIN}
 OUT=${OUT:-$PWD/cuda-checks-out}
 QUICK=${QUICK:-0}             # 1: a seconds-long smoke test of this script (CPU, bf16)
 RES=$(mktemp -d /tmp/cuda-checks.XXXXXX)
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-say() { echo "[$(date -u +%T)] $*"; }
-pack() { tar czf "$OUT/results.tar.gz.part" -C "$RES" . && mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"; }
-
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || { say "wheel install failed"; exit 1; }
-    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-fi
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 - <<'EOF' || { say "environment check failed"; exit 1; }
-import os, torch, fairseq, residual_fairseq
-print("torch", torch.__version__, "cuda", torch.version.cuda, "fairseq", fairseq.__version__,
-      "plugin", os.path.dirname(residual_fairseq.__file__))
-if torch.cuda.is_available():
-    print("gpu", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
-elif os.environ.get("QUICK") != "1":
-    raise SystemExit("no CUDA device visible")
-EOF
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+source "$(dirname "$0")/device_env.sh"   # logging, pack, wheels, environment check
 
 BENCH="python3 scripts/benchmark.py"
 TRAIN="python3 scripts/train.py"

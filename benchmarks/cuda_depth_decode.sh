@@ -20,35 +20,14 @@
 #                 with the CPU machine's NAME.cpu.hyp.txt of the same test set
 #
 # QUICK=1: a seconds-long smoke test of this script on a CPU (bf16, tiny plan).
-# Wheels in .whl/ (if present, and SKIP_WHEELS unset) are installed into /tmp/site first, as in
-# cuda_checks.sh (the device has Python 3.12 and torch, not fairseq).
+# Set-up shared with cuda_checks.sh (logging, wheels, environment check): device_env.sh.
 set -u
 DATA=${1:?usage: cuda_depth_decode.sh DATA_BIN CKPT_DIR}
 CKPTS=${2:?usage: cuda_depth_decode.sh DATA_BIN CKPT_DIR}
 OUT=${OUT:-$PWD/cuda-depth-decode-out}
 QUICK=${QUICK:-0}
 RES=$(mktemp -d /tmp/cuda-depth-decode.XXXXXX)
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-say() { echo "[$(date -u +%T)] $*"; }
-pack() { tar czf "$OUT/results.tar.gz.part" -C "$RES" . && mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"; }
-
-if [ -d .whl ] && [ -z "${SKIP_WHEELS:-}" ]; then   # SKIP_WHEELS=1: use what is installed
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || { say "wheel install failed"; exit 1; }
-    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-fi
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 - <<'EOF' || { say "environment check failed"; exit 1; }
-import os, torch, fairseq, sacrebleu, residual_fairseq
-print("torch", torch.__version__, "cuda", torch.version.cuda, "fairseq", fairseq.__version__,
-      "sacrebleu", sacrebleu.__version__, "plugin", os.path.dirname(residual_fairseq.__file__))
-if torch.cuda.is_available():
-    print("gpu", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
-elif os.environ.get("QUICK") != "1":
-    raise SystemExit("no CUDA device visible")
-EOF
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+source "$(dirname "$0")/device_env.sh"   # logging, pack, wheels, environment check
 
 if [ "$QUICK" = 1 ]; then
     PRECS="bf16"; EVAL_PRECS="fp32"; DEVICE_FLAG="--cpu"; D18=1; D48=2; VARIANTS18="post_ln,resi_dual"
