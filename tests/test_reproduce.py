@@ -484,6 +484,32 @@ def test_published_runs_tabulate_again_from_their_runs_json_alone(tmp_path):
     assert not (out / "runs").exists()  # nothing was made up on disk for them
 
 
+def _markdown_rows(text, header_start):
+    """The rows of the markdown table whose header line starts with ``header_start``, as lists of cells."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("*") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_readme_summary_of_the_converged_matrix_is_the_published_results_md():
+    """README's mean ± std table is copied by hand at each publication: it must say what
+    results.md says (a stale or mistyped number there is what a reader quotes)."""
+    readme = _markdown_rows((REPO / "README.md").read_text(), "| variant | layers | seeds that learned |")
+    published = _markdown_rows((PUBLISHED / "results.md").read_text(), "| dataset | variant | layers | seeds |")
+    expected = []
+    for dataset, variant, layers, seeds, bleu, chrf, _tok, _vbleu, valid, _last, not_learned, _failed in published:
+        learned = [] if seeds == "-" else seeds.split()
+        started = len(learned) + (0 if not_learned == "-" else not_learned.count("seed "))
+        if started:  # a variant and depth with no finished run yet has no row in README
+            expected.append([variant, layers, f"{len(learned)} of {started}", bleu, chrf, valid])
+    assert readme == expected
+
+
 def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_wins(tmp_path, monkeypatch, capsys):
     from residual_fairseq import train
 
