@@ -18,6 +18,7 @@ from . import runtime  # noqa: E402  (stdlib only)
 
 runtime.exit_quietly_on_interrupt_while_starting()  # before the seconds of importing fairseq
 runtime.report_user_errors_in_fairseq_commands()  # a refused checkpoint in fairseq-generate: one line
+runtime.destroy_process_group_at_exit()  # else a gloo rank may abort at exit after a finished run
 
 from . import config_strings, early_stopping, safe_checkpoints  # noqa: E402
 from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)

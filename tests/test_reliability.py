@@ -5,6 +5,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -150,6 +151,34 @@ def test_two_cpu_ranks_resume_with_weights_only_loading(toy_data_bin, tmp_path):
     assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ 3 updates\)", log)
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 5
+
+
+EXIT_HOOK_SCRIPT = """
+import sys
+import torch.distributed as dist
+import residual_fairseq
+real_destroy = dist.destroy_process_group
+def spy(*args, **kwargs):
+    print("destroying, group initialized:", dist.is_initialized(), flush=True)
+    real_destroy(*args, **kwargs)
+dist.destroy_process_group = spy
+if sys.argv[1] != "no-group":
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+    dist.barrier()
+"""
+
+
+@pytest.mark.parametrize("with_group", [True, False])
+def test_process_group_is_destroyed_at_exit(with_group):
+    """fairseq-train exits without destroying its gloo group; left to interpreter
+    finalization, a rank may abort after a finished run. The plugin's exit hook destroys
+    it first, and does nothing in a process without one."""
+    argument = str(free_port()) if with_group else "no-group"
+    result = subprocess.run([sys.executable, "-c", EXIT_HOOK_SCRIPT, argument], capture_output=True, text=True,
+                            env=CLI_ENV, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = ["destroying, group initialized: True"] if with_group else []
+    assert result.stdout.splitlines() == expected
 
 
 # --- safe loading -------------------------------------------------------------------
