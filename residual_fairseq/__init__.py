@@ -7,7 +7,9 @@ files need under ``torch.load(weights_only=True)``, opens every checkpoint throu
 :func:`residual_fairseq.safe_checkpoints.load_checkpoint_to_cpu` (checked before it
 is unpickled), and gives fairseq a literal-only ``eval`` for config strings
 (:mod:`residual_fairseq.config_strings`). In a fairseq-train that residual-fairseq-train
-resumed, it also restores ``--patience``'s count (:mod:`residual_fairseq.early_stopping`).
+resumed, it also restores ``--patience``'s count (:mod:`residual_fairseq.early_stopping`),
+and at exit it destroys a torch.distributed process group that fairseq left behind
+(:func:`residual_fairseq.runtime.destroy_process_group_at_exit`).
 """
 import logging
 import os

@@ -1,4 +1,4 @@
-"""How the command-line tools run: CPU threads and log verbosity.
+"""How the command-line tools run: CPU threads, log verbosity, and exit.
 
 Threads. torch's default (one thread per core) is a poor fit for the small models and
 shared machines this project is tried on: on a shared 2-core machine one thread
