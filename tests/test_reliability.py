@@ -174,9 +174,7 @@ def test_process_group_is_destroyed_at_exit(with_group):
     finalization, a rank may abort after a finished run. The plugin's exit hook destroys
     it first, and does nothing in a process without one."""
     argument = str(free_port()) if with_group else "no-group"
-    result = subprocess.run([sys.executable, "-c", EXIT_HOOK_SCRIPT, argument], capture_output=True, text=True,
-                            env=CLI_ENV, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run([sys.executable, "-c", EXIT_HOOK_SCRIPT, argument], timeout=120)
     expected = ["destroying, group initialized: True"] if with_group else []
     assert result.stdout.splitlines() == expected
 
