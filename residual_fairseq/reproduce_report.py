@@ -419,42 +419,87 @@ def csv_table(rows: List[dict], metrics=METRICS) -> str:
     return buffer.getvalue()
 
 
-def plot_curves(runs: List["Run"], path: Path) -> Path:
-    """Validation loss and BLEU against updates: a row per dataset, a colour per variant."""
+def curves_figure(runs: List["Run"], not_learned=frozenset()):
+    """The validation curves as a matplotlib figure.
+
+    A panel per dataset and depth (with many runs one panel per dataset is unreadable), a
+    colour per variant, every seed a line of that colour, and the validation BLEU in a row of
+    its own only where some run has it. A run that did not learn (``not_learned``, keys as
+    :func:`runs_that_did_not_learn`) is dotted, and the loss axis is fitted to the runs that
+    learned, so that a plateau far above them does not flatten their curves; the runs it
+    leaves above the axis are named in the panel.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    datasets = list(dict.fromkeys(run.dataset for run in runs))
-    figure, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.6 * len(datasets)), squeeze=False)
-    colours = COLOURS  # the same colour per variant in every tool's plots
-    styles = {}
-    for run in runs:
-        curve = run.curve()
-        if not curve:
-            continue
-        row = axes[datasets.index(run.dataset)]
-        style = styles.setdefault(run.layers, ("-", "--", ":", "-.")[len(styles) % 4])
-        label = f"{run.variant} {run.layers}L seed {run.seed}"
-        updates = [point["updates"] for point in curve]
-        row[0].plot(updates, [point["loss"] for point in curve], style, color=colours[run.variant],
-                    marker="o", markersize=3, label=label)
-        bleu_points = [(point["updates"], point["bleu"]) for point in curve if point["bleu"] is not None]
-        if bleu_points:
-            row[1].plot(*zip(*bleu_points), style, color=colours[run.variant], marker="o", markersize=3,
-                        label=label)
-    for dataset, row in zip(datasets, axes):
-        for axis, what in zip(row, ("valid loss", "valid BLEU")):
-            axis.set_title(f"{dataset}: {what}")
+    curves = [(run, run.curve()) for run in runs]
+    curves = [(run, curve) for run, curve in curves if curve]
+    rows = []  # (dataset, metric, [layers ...])
+    for dataset in dict.fromkeys(run.dataset for run, _ in curves):
+        depths = sorted({run.layers for run, _ in curves if run.dataset == dataset})
+        has_bleu = any(point["bleu"] is not None for run, curve in curves if run.dataset == dataset
+                       for point in curve)
+        rows += [(dataset, metric, depths) for metric in (("loss", "bleu") if has_bleu else ("loss",))]
+    columns = max((len(depths) for _, _, depths in rows), default=1)
+    figure, axes = plt.subplots(max(len(rows), 1), columns, figsize=(5.5 * columns, 3.8 * max(len(rows), 1)),
+                                squeeze=False)
+    for axis in axes.flat:
+        axis.set_visible(False)
+    for (dataset, metric, depths), axes_row in zip(rows, axes):
+        for layers, axis in zip(depths, axes_row):
+            axis.set_visible(True)
+            panel = [(run, curve) for run, curve in curves if (run.dataset, run.layers) == (dataset, layers)]
             axis.set_xlabel("updates")
+            _draw_panel(axis, panel, metric, not_learned)
+            axis.set_title(f"{dataset}, {layers} layers: valid {'loss' if metric == 'loss' else 'BLEU'}")
             axis.grid(alpha=0.3)
-            if axis.get_lines():
-                axis.legend(fontsize=7)
-            elif what == "valid BLEU":
-                axis.text(0.5, 0.5, "no validation BLEU\n(trained without --eval-bleu)", ha="center", va="center",
-                          transform=axis.transAxes, color="grey")
+            variants = list(dict.fromkeys(run.variant for run, _ in panel))
+            handles = [Line2D([], [], color=COLOURS[variant], label=variant) for variant in variants]
+            if any(_key(run) in not_learned for run, _ in panel):
+                handles.append(Line2D([], [], color="grey", linestyle=":", label="did not learn"))
+            axis.legend(handles=handles, fontsize=7, loc="upper right")
+    if not rows:
+        axes[0][0].set_visible(True)
+        axes[0][0].text(0.5, 0.5, "no validation yet", ha="center", va="center", color="grey")
     figure.tight_layout()
+    return figure
+
+
+def _draw_panel(axis, panel, metric: str, not_learned) -> None:
+    """One panel's lines; for the loss, the axis fitted to the runs that learned (see curves_figure)."""
+    key = "loss" if metric == "loss" else "bleu"
+    for run, curve in panel:
+        points = [(point["updates"], point[key]) for point in curve if point[key] is not None]
+        if points:
+            failed = _key(run) in not_learned
+            axis.plot(*zip(*points), ":" if failed else "-", color=COLOURS[run.variant], marker="o",
+                      markersize=2 if failed else 3, linewidth=1 if failed else 1.5, alpha=0.85)
+    learned = [point["loss"] for run, curve in panel if _key(run) not in not_learned for point in curve]
+    if metric != "loss" or not learned or len(learned) == sum(len(curve) for _, curve in panel):
+        return
+    low, high = min(learned), max(learned)
+    margin = 0.05 * (high - low or 1.0)
+    axis.set_ylim(low - margin, high + margin)
+    above = {}  # variant -> (seeds, highest loss) of its runs that reach above the axis
+    for run, curve in panel:
+        highest = max(point["loss"] for point in curve)
+        if highest > high + margin:
+            seeds, top = above.get(run.variant, ([], highest))
+            above[run.variant] = (seeds + [str(run.seed)], max(top, highest))
+    if above:
+        names = "; ".join(f"{variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} (up to {top:.2f})"
+                          for variant, (seeds, top) in above.items())
+        axis.set_xlabel(f"updates\n(reaching above the axis: {names})")
+
+
+def plot_curves(runs: List["Run"], path: Path, not_learned=frozenset()) -> Path:
+    """Write :func:`curves_figure` to ``path`` (a PNG, atomically)."""
+    import matplotlib.pyplot as plt
+
+    figure = curves_figure(runs, not_learned)
     path = Path(path)
     with atomic_output(path) as tmp:
         figure.savefig(tmp, dpi=110, format="png")
@@ -485,5 +530,5 @@ def write_reports(runs: List["Run"], out: Path) -> dict:
     paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"
     write_text_atomically(paths["runs_markdown"], runs_markdown(records))
     write_text_atomically(paths["runs_json"], json.dumps(records, indent=1) + "\n")
-    plot_curves(runs, paths["png"])
+    plot_curves(runs, paths["png"], not_learned)
     return paths

@@ -484,6 +484,46 @@ def test_published_runs_tabulate_again_from_their_runs_json_alone(tmp_path):
     assert not (out / "runs").exists()  # nothing was made up on disk for them
 
 
+def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(tmp_path):
+    """curves.png of the published matrix: a loss panel per depth (no empty BLEU panel when no
+    run validated BLEU), a legend entry per variant rather than per run, and a loss axis fitted
+    to the runs that learned, naming the plateaus it leaves above it."""
+    published = json.loads((PUBLISHED / "runs.json").read_text())
+    runs = _matrix_of(published, tmp_path / "out", report.read_finished_runs([PUBLISHED / "runs.json"]))
+    not_learned = report.runs_that_did_not_learn(runs)
+    figure = report.curves_figure(runs, not_learned)
+    panels = [axis for axis in figure.axes if axis.get_visible()]
+    assert [axis.get_title() for axis in panels] == ["sample-es-en, 6 layers: valid loss",
+                                                     "sample-es-en, 18 layers: valid loss"]
+    six, eighteen = panels
+    six_layer_runs = [run_ for run_ in runs if run_.layers == 6 and run_.curve()]
+    assert len(six.get_lines()) == len(six_layer_runs) == 18
+    assert [text.get_text() for text in six.get_legend().get_texts()] == [
+        "post_ln", "pre_ln", "resi_dual", "deepnet", "admin", "b2t", "did not learn"]
+    learned = [point["loss"] for run_ in six_layer_runs if report._key(run_) not in not_learned
+               for point in run_.curve()]
+    low, high = six.get_ylim()
+    assert low < min(learned) and max(learned) < high < 9.0  # Post-LN's seed 3 stayed at 9.0
+    assert "reaching above the axis: post_ln seeds 2, 3" in six.get_xlabel()
+    assert "post_ln seeds 1, 2, 3 (up to 9.04)" in eighteen.get_xlabel()
+
+    # Validation BLEU (fairseq's --eval-bleu) gets a row of its own; nothing clipped without a failed run.
+    from types import SimpleNamespace
+
+    def fake_run(variant, seed, losses, bleus):
+        points = [{"epoch": i + 1, "updates": 100 * (i + 1), "loss": loss, "bleu": bleu}
+                  for i, (loss, bleu) in enumerate(zip(losses, bleus))]
+        return SimpleNamespace(dataset="sample-es-en", variant=variant, layers=3, seed=seed, curve=lambda: points)
+
+    figure = report.curves_figure([fake_run("post_ln", 1, [6, 5], [1.0, 2.0]),
+                                   fake_run("resi_dual", 1, [7, 4], [1.5, 3.0])])
+    panels = [axis for axis in figure.axes if axis.get_visible()]
+    assert [axis.get_title() for axis in panels] == ["sample-es-en, 3 layers: valid loss",
+                                                     "sample-es-en, 3 layers: valid BLEU"]
+    assert panels[0].get_ylim()[0] < 4 and panels[0].get_ylim()[1] > 7 and panels[0].get_xlabel() == "updates"
+    assert [len(axis.get_lines()) for axis in panels] == [2, 2]
+
+
 def _markdown_rows(text, header_start):
     """The rows of the markdown table whose header line starts with ``header_start``, as lists of cells."""
     lines = text.splitlines()
