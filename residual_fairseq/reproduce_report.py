@@ -427,7 +427,7 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
     its own only where some run has it. A run that did not learn (``not_learned``, keys as
     :func:`runs_that_did_not_learn`) is dotted, and the loss axis is fitted to the runs that
     learned, so that a plateau far above them does not flatten their curves; the runs it
-    leaves above the axis are named in the panel.
+    leaves above the axis are named under it.
     """
     import matplotlib
 
@@ -478,9 +478,14 @@ def _draw_panel(axis, panel, metric: str, not_learned) -> None:
             axis.plot(*zip(*points), ":" if failed else "-", color=COLOURS[run.variant], marker="o",
                       markersize=2 if failed else 3, linewidth=1 if failed else 1.5, alpha=0.85)
     learned = [point["loss"] for run, curve in panel if _key(run) not in not_learned for point in curve]
-    if metric != "loss" or not learned or len(learned) == sum(len(curve) for _, curve in panel):
+    if metric != "loss" or len(learned) == sum(len(curve) for _, curve in panel):
         return
-    low, high = min(learned), max(learned)
+    learned = [loss for loss in learned if is_finite_number(loss)]  # a diverged run logs inf/nan
+    if not learned:
+        return
+    # Only the top is cut: a run that did not learn is hidden only where it is above them all.
+    low = min([loss for _, curve in panel for loss in (point["loss"] for point in curve) if is_finite_number(loss)])
+    high = max(learned)
     margin = 0.05 * (high - low or 1.0)
     axis.set_ylim(low - margin, high + margin)
     above = {}  # variant -> (seeds, highest loss) of its runs that reach above the axis

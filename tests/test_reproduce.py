@@ -522,6 +522,11 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
                                                      "sample-es-en, 3 layers: valid BLEU"]
     assert panels[0].get_ylim()[0] < 4 and panels[0].get_ylim()[1] > 7 and panels[0].get_xlabel() == "updates"
     assert [len(axis.get_lines()) for axis in panels] == [2, 2]
+    diverged = fake_run("b2t", 1, [6.5, float("nan"), float("inf")], [None] * 3)
+    figure = report.curves_figure([fake_run("post_ln", 1, [6, 5], [None] * 2), diverged],
+                                  not_learned={("sample-es-en", "post_ln", 3, 1)})
+    low, high = figure.axes[0].get_ylim()
+    assert low < 5 and 6.5 < high < 7 and "b2t seed 1 (up to inf)" in figure.axes[0].get_xlabel()
 
 
 def _markdown_rows(text, header_start):
