@@ -444,8 +444,8 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
                        for point in curve)
         rows += [(dataset, metric, depths) for metric in (("loss", "bleu") if has_bleu else ("loss",))]
     columns = max((len(depths) for _, _, depths in rows), default=1)
-    figure, axes = plt.subplots(max(len(rows), 1), columns, figsize=(5.5 * columns, 3.8 * max(len(rows), 1)),
-                                squeeze=False)
+    panel_rows = max(len(rows), 1)
+    figure, axes = plt.subplots(panel_rows, columns, figsize=(5.5 * columns, 3.8 * panel_rows), squeeze=False)
     for axis in axes.flat:
         axis.set_visible(False)
     for (dataset, metric, depths), axes_row in zip(rows, axes):
@@ -477,15 +477,13 @@ def _draw_panel(axis, panel, metric: str, not_learned) -> None:
             failed = _key(run) in not_learned
             axis.plot(*zip(*points), ":" if failed else "-", color=COLOURS[run.variant], marker="o",
                       markersize=2 if failed else 3, linewidth=1 if failed else 1.5, alpha=0.85)
-    learned = [point["loss"] for run, curve in panel if _key(run) not in not_learned for point in curve]
-    if metric != "loss" or len(learned) == sum(len(curve) for _, curve in panel):
+    if metric != "loss" or all(_key(run) not in not_learned for run, _ in panel):
         return
-    learned = [loss for loss in learned if is_finite_number(loss)]  # a diverged run logs inf/nan
+    learned = _finite_losses(curve for run, curve in panel if _key(run) not in not_learned)
     if not learned:
         return
     # Only the top is cut: a run that did not learn is hidden only where it is above them all.
-    low = min([loss for _, curve in panel for loss in (point["loss"] for point in curve) if is_finite_number(loss)])
-    high = max(learned)
+    low, high = min(_finite_losses(curve for _, curve in panel)), max(learned)
     margin = 0.05 * (high - low or 1.0)
     axis.set_ylim(low - margin, high + margin)
     above = {}  # variant -> (seeds, highest loss) of its runs that reach above the axis
@@ -498,6 +496,11 @@ def _draw_panel(axis, panel, metric: str, not_learned) -> None:
         names = "; ".join(f"{variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} (up to {top:.2f})"
                           for variant, (seeds, top) in above.items())
         axis.set_xlabel(f"updates\n(reaching above the axis: {names})")
+
+
+def _finite_losses(curves) -> list:
+    """Every validation loss of ``curves`` but a diverged run's inf/nan."""
+    return [point["loss"] for curve in curves for point in curve if is_finite_number(point["loss"])]
 
 
 def plot_curves(runs: List["Run"], path: Path, not_learned=frozenset()) -> Path:
