@@ -469,10 +469,10 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
 
 
 def _draw_panel(axis, panel, metric: str, not_learned) -> None:
-    """One panel's lines; for the loss, the axis fitted to the runs that learned (see curves_figure)."""
-    key = "loss" if metric == "loss" else "bleu"
+    """One panel's lines of ``metric`` ("loss" or "bleu", a curve point's keys); for the loss, the
+    axis fitted to the runs that learned (see curves_figure)."""
     for run, curve in panel:
-        points = [(point["updates"], point[key]) for point in curve if point[key] is not None]
+        points = [(point["updates"], point[metric]) for point in curve if point[metric] is not None]
         if points:
             failed = _key(run) in not_learned
             axis.plot(*zip(*points), ":" if failed else "-", color=COLOURS[run.variant], marker="o",
