@@ -488,14 +488,20 @@ def _draw_panel(axis, panel, metric: str, not_learned) -> None:
     axis.set_ylim(low - margin, high + margin)
     above = {}  # variant -> (seeds, highest loss) of its runs that reach above the axis
     for run, curve in panel:
-        highest = max(point["loss"] for point in curve)
-        if highest > high + margin:
+        highest = max((point["loss"] for point in curve), key=_height)
+        if _height(highest) > _height(high + margin):
             seeds, top = above.get(run.variant, ([], highest))
-            above[run.variant] = (seeds + [str(run.seed)], max(top, highest))
+            above[run.variant] = (seeds + [str(run.seed)], max(top, highest, key=_height))
     if above:
         names = "; ".join(f"{variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} (up to {top:.2f})"
                           for variant, (seeds, top) in above.items())
         axis.set_xlabel(f"updates\n(reaching above the axis: {names})")
+
+
+def _height(loss: float) -> tuple:
+    """Where a loss sits on the axis: a nan (a diverged validation) above every number but inf.
+    Plain max() cannot rank it: nan compares false, so the result depends on where it falls."""
+    return (math.inf, 0) if math.isnan(loss) else (loss, 1)
 
 
 def _finite_losses(curves) -> list:

@@ -527,6 +527,14 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
                                   not_learned={("sample-es-en", "post_ln", 3, 1)})
     low, high = figure.axes[0].get_ylim()
     assert low < 5 and 6.5 < high < 7 and "b2t seed 1 (up to inf)" in figure.axes[0].get_xlabel()
+    # A run whose first validation is already nan is named too (max() would have returned nan).
+    diverged_at_once = fake_run("b2t", 2, [float("nan"), 6.5], [None] * 2)
+    figure = report.curves_figure([fake_run("post_ln", 1, [6, 5], [None] * 2), diverged, diverged_at_once],
+                                  not_learned={("sample-es-en", "post_ln", 3, 1)})
+    assert "b2t seeds 1, 2 (up to inf)" in figure.axes[0].get_xlabel()
+    figure = report.curves_figure([fake_run("post_ln", 1, [6, 5], [None] * 2), diverged_at_once],
+                                  not_learned={("sample-es-en", "post_ln", 3, 1)})
+    assert "b2t seed 2 (up to nan)" in figure.axes[0].get_xlabel()
 
 
 def _markdown_rows(text, header_start):
