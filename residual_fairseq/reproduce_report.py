@@ -492,10 +492,10 @@ def _draw_panel(axis, panel, metric: str, not_learned) -> None:
         if _height(highest) > _height(high + margin):
             seeds, top = above.get(run.variant, ([], highest))
             above[run.variant] = (seeds + [str(run.seed)], max(top, highest, key=_height))
-    if above:
-        names = "; ".join(f"{variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} (up to {top:.2f})"
-                          for variant, (seeds, top) in above.items())
-        axis.set_xlabel(f"updates\n(reaching above the axis: {names})")
+    if above:  # a line per variant: on one line two or more ran off the figure's edge
+        names = "\n".join(f"{variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} (up to {top:.2f})"
+                           for variant, (seeds, top) in above.items())
+        axis.set_xlabel(f"updates\nreaching above the axis:\n{names}")
 
 
 def _height(loss: float) -> tuple:

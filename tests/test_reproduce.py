@@ -504,8 +504,14 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
                for point in run_.curve()]
     low, high = six.get_ylim()
     assert low < min(learned) and max(learned) < high < 9.0  # Post-LN's seed 3 stayed at 9.0
-    assert "reaching above the axis: post_ln seeds 2, 3" in six.get_xlabel()
-    assert "post_ln seeds 1, 2, 3 (up to 9.04)" in eighteen.get_xlabel()
+    assert six.get_xlabel() == "updates\nreaching above the axis:\npost_ln seeds 2, 3 (up to 9.03)"
+    assert "\npost_ln seeds 1, 2, 3 (up to 9.04)\n" in eighteen.get_xlabel() + "\n"
+    # Every label is drawn inside the figure (one line per variant: several on one line ran off its edge).
+    renderer = figure.canvas.get_renderer()
+    width = figure.bbox.width
+    for axis in panels:
+        extent = axis.xaxis.label.get_window_extent(renderer)
+        assert 0 <= extent.x0 and extent.x1 <= width, (axis.get_title(), axis.get_xlabel())
 
     # Validation BLEU (fairseq's --eval-bleu) gets a row of its own; nothing clipped without a failed run.
     from types import SimpleNamespace
