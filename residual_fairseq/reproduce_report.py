@@ -445,7 +445,7 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
         rows += [(dataset, metric, depths) for metric in (("loss", "bleu") if has_bleu else ("loss",))]
     columns = max((len(depths) for _, _, depths in rows), default=1)
     panel_rows = max(len(rows), 1)
-    figure, axes = plt.subplots(panel_rows, columns, figsize=(5.5 * columns, 3.8 * panel_rows), squeeze=False)
+    figure, axes = plt.subplots(panel_rows, columns, figsize=(6.5 * columns, 3.8 * panel_rows), squeeze=False)
     for axis in axes.flat:
         axis.set_visible(False)
     for (dataset, metric, depths), axes_row in zip(rows, axes):
@@ -460,7 +460,8 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
             handles = [Line2D([], [], color=COLOURS[variant], label=variant) for variant in variants]
             if any(_key(run) in not_learned for run, _ in panel):
                 handles.append(Line2D([], [], color="grey", linestyle=":", label="did not learn"))
-            axis.legend(handles=handles, fontsize=7, loc="upper right")
+            # Beside the panel, not on it: inside, wherever it sat, a slow run's tail ran under it.
+            axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if not rows:
         axes[0][0].set_visible(True)
         axes[0][0].text(0.5, 0.5, "no validation yet", ha="center", va="center", color="grey")

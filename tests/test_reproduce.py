@@ -512,6 +512,18 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
     for axis in panels:
         extent = axis.xaxis.label.get_window_extent(renderer)
         assert 0 <= extent.x0 and extent.x1 <= width, (axis.get_title(), axis.get_xlabel())
+    # No plotted point lies under a legend (Admin's 18-layer seed 2 ran under one drawn on the panel),
+    # and each legend is inside the figure.
+    for axis in figure.axes:
+        if axis.get_legend() is None:
+            continue
+        box = axis.get_legend().get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= figure.bbox.height
+        for other in panels:
+            for line in other.get_lines():
+                shown = other.transData.transform(line.get_xydata())
+                inside = [(x, y) for x, y in shown if other.bbox.contains(x, y) and box.contains(x, y)]
+                assert not inside, (axis.get_title(), other.get_title(), len(inside))
 
     # Validation BLEU (fairseq's --eval-bleu) gets a row of its own; nothing clipped without a failed run.
     from types import SimpleNamespace
