@@ -55,12 +55,19 @@ class OriginalVocabulary:
     @classmethod
     def from_prepared(cls, directory) -> "OriginalVocabulary":
         from .data import read_manifest
+        from .data.pipeline import is_prepare_manifest
 
         directory = Path(directory)
         manifest = read_manifest(directory)
         if manifest is None:
             raise UserError(f"{directory} has no manifest.json: pass --vocab-from with the directory "
                             "residual-fairseq-prepare wrote for the original model")
+        if not is_prepare_manifest(manifest):
+            raise UserError(f"{directory}/manifest.json is not one residual-fairseq-prepare wrote: pass --vocab-from "
+                            "with the directory it wrote for the original model")
+        if manifest.get("task") == "language_modeling":
+            raise UserError(f"{directory} holds a language-model preparation (one language): fine-tuning a "
+                            "translation model needs the translation pair's prepared directory")
         model = manifest.get("subword", {}).get("model")
         languages = (manifest["source_lang"], manifest["target_lang"])
         dictionaries = {lang: directory / "bin" / f"dict.{lang}.txt" for lang in languages}
@@ -96,9 +103,9 @@ def embedding_rows(checkpoint: Path) -> dict:
 
 
 def dictionary_size(path: Path) -> int:
-    from fairseq.data import Dictionary
+    from .data.binarized import dictionary_size as checked_size
 
-    return len(Dictionary.load(str(path)))
+    return checked_size(path)  # fairseq's parser, its complaints as one line
 
 
 def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path, rows: Optional[dict] = None) -> None:
@@ -351,7 +358,7 @@ def main(argv=None):
     config = None
     if args.train_config:
         dataset, variant, layers = args.train_config
-        if not layers.isdigit() or int(layers) < 1:
+        if not (layers.isascii() and layers.isdigit()) or int(layers) < 1:  # ("²".isdigit() is True)
             raise UserError(f"--train-config LAYERS must be a positive number, got {layers!r}")
         config = (dataset, variant, int(layers))
     corpus = {split: getattr(args, split) for split in ("train", "valid", "test") if getattr(args, split)}

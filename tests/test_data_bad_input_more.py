@@ -165,3 +165,132 @@ def test_reused_files_of_the_wrong_kind(tmp_path, capsys):
     (other / "manifest.json").write_text("[1, 2]")
     assert "is not a readable manifest" in cli_error(capsys, base + ["--out", tmp_path / "o5", "--reuse", other])
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
+
+
+# --- hostile reused files, odd names, aligned splits (found by red-teaming the CLI) ---------------
+
+def test_dictionaries_fairseqs_parser_refuses_are_one_line(tmp_path, capsys):
+    """The line format is not enough: fairseq refuses duplicate symbols and its own specials."""
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    good = "".join(f"w{i} {100 - i}\n" for i in range(20))
+    cases = {"duplicate": good + "w3 1\n", "special": "<unk> 5\n" + good, "superscript-count": good + "foo \u00b2\n"}
+    for name, text in cases.items():
+        dictionary = tmp_path / f"{name}.txt"
+        dictionary.write_text(text, encoding="utf-8")
+        line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                                  "--valid-size", "3", "--test-size", "3", "--subword", "none", "--quiet",
+                                  "--srcdict", dictionary, "--tgtdict", dictionary, "--out", tmp_path / name])
+        assert line.startswith(f"error: --srcdict {dictionary} is not a fairseq dictionary: "), line
+        assert not (tmp_path / name).exists()
+
+
+def test_a_codes_file_whose_version_line_subword_nmt_cannot_parse(tmp_path, capsys):
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    codes = tmp_path / "bpe.codes"
+    codes.write_text("#version: abc\nS a\n")
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                              "--valid-size", "3", "--test-size", "3", "--quiet", "--subword-model", codes,
+                              "--out", tmp_path / "out"])
+    assert line == f"error: subword model {codes} is not a subword-nmt codes file: line 1 is not '#version: X.Y'"
+
+
+def test_a_vocabulary_size_sentencepiece_cannot_take_is_one_line(tmp_path, capsys):
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                              "--valid-size", "3", "--test-size", "3", "--quiet", "--vocab-size", "1000000000000",
+                              "--out", tmp_path / "out"])
+    assert line.startswith("error: sentencepiece could not learn a 1000000000000 vocabulary")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("code", ["de\n", "de\r", "de/x", "../de"])
+def test_a_language_code_with_a_line_end_or_a_path_is_refused(tmp_path, capsys, code):
+    source, target = write_plain_pair(tmp_path / "in", 20)
+    line = cli_error(capsys, ["--dataset", "custom", "-s", code, "-t", "en", "--train", source, target,
+                              "--quiet", "--out", tmp_path / "out"])
+    assert line == f"error: unknown language code {code!r}: use an ISO 639 code such as de or pt_BR"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in"]
+
+
+@pytest.mark.parametrize("change", [
+    {"subword": None}, {"subword": "x"}, {"subword": {"method": "bpe", "model": 5}},
+    {"subword": {"method": "bpe", "model": "../bpe.codes"}}, {"subword": {"method": "bpe", "model": "/etc/passwd"}},
+    {"source_lang": ["de"]}, {"target_lang": "en\n"},
+])
+def test_a_planted_manifest_with_the_wrong_types_is_not_reused(tmp_path, capsys, change):
+    """--reuse DIR reads DIR/manifest.json: values of another type, or a subword model outside DIR, are refused."""
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    prepared = prepare(custom_options(tmp_path, [source, target], out="first")).out_dir
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    (prepared / "manifest.json").write_text(json.dumps({**manifest, **change}))
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                              "--valid-size", "3", "--test-size", "3", "--quiet", "--reuse", prepared,
+                              "--out", tmp_path / "second"])
+    assert line == (f"error: --reuse {prepared}: its manifest.json is not one residual-fairseq-prepare wrote "
+                    "(format/source_lang/target_lang/subword/files missing or malformed)")
+    assert not (tmp_path / "second").exists()
+
+
+def test_force_never_deletes_a_symlink_the_user_put_in_the_output(tmp_path):
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    prepared = prepare(custom_options(tmp_path, [source, target])).out_dir
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    (prepared / "my-link").symlink_to(tmp_path / "mine", target_is_directory=True)
+    with pytest.raises(DataPreparationError, match=r"files an earlier preparation did not write \(my-link"):
+        prepare(custom_options(tmp_path, [source, target], vocab_size=45, force=True))
+    assert (prepared / "my-link").is_symlink() and (prepared / "my-link" / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("subword", ["none", "bpe"])
+def test_a_carriage_return_inside_a_line_keeps_the_sides_aligned(tmp_path, subword):
+    """fairseq reads text with universal newlines: a lone \\r inside a valid/test line must not become
+    a line end on one side only (the pair count of the binarized sides would differ)."""
+    from residual_fairseq.data.binarized import check_mmap_split
+
+    source, target = write_plain_pair(tmp_path / "in", 40)
+    valid_source, valid_target = write_plain_pair(tmp_path / "valid", 10, stem="valid")
+    lines = valid_source.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b" ", b"\r", 1)
+    valid_source.write_bytes(b"\n".join(lines))
+    result = prepare(PrepareOptions(dataset="custom", out=tmp_path / "out", source_lang="de", target_lang="en",
+                                    train=[source, target], valid=[valid_source, valid_target], test_size=3,
+                                    subword=subword, vocab_size=40, progress=False))
+    pairs = result.manifest["splits"]["valid"]["pairs"]
+    sizes = {lang: check_mmap_split(result.bin_dir / f"valid.de-en.{lang}", 10 ** 6) for lang in ("de", "en")}
+    assert sizes == {"de": pairs, "en": pairs} and pairs == 10
+
+
+def test_quiet_prints_only_the_result(tmp_path, capsys):
+    """--quiet: no info lines, no fairseq-preprocess lines, no subword-nmt bar; prepare.log keeps the info."""
+    source, target = write_plain_pair(tmp_path / "in", 30)
+    capsys.readouterr()
+    main([str(word) for word in ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                                 "--valid-size", "3", "--test-size", "3", "--subword", "bpe", "--vocab-size", "40",
+                                 "--out", tmp_path / "out", "--quiet"]])
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == f"{tmp_path / 'out' / 'bin'}\n"
+    assert "learning bpe subwords" in (tmp_path / "out" / "prepare.log").read_text()
+
+
+def test_an_interrupted_fairseq_preprocess_leaves_no_worker_processes(tmp_path, monkeypatch):
+    """fairseq-preprocess (--workers N) never terminates its pools; Ctrl-C must not leave them running."""
+    import multiprocessing
+    import time
+
+    from fairseq_cli import preprocess
+
+    from residual_fairseq.data.binarize import run_fairseq_preprocess
+
+    def interrupted_while_binarizing(args):
+        pool = multiprocessing.Pool(1)  # as fairseq's FileBinarizer does
+        pool.apply_async(time.sleep, (120,))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preprocess, "main", interrupted_while_binarizing)
+    with pytest.raises(KeyboardInterrupt):
+        run_fairseq_preprocess(["--destdir", str(tmp_path)])
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []

@@ -192,3 +192,32 @@ def test_a_run_record_this_tool_wrote_names_the_original_run(tmp_path):
     request = finetune.FinetuneRequest(tmp_path / "checkpoint_best.pt", "sample-es-en", "en", "es",
                                        tmp_path / "new", tmp_path / "save")
     assert finetune.original_run(request) == (("sample-es-en", "b2t", 6, 3), Path("/x/prepared"))
+
+
+def test_train_config_layers_must_be_ascii_digits(capsys, tmp_path):
+    line = user_error(capsys, finetune.main, ["--checkpoint", tmp_path / "c.pt", "--dataset", "sample-es-en",
+                                              "-s", "en", "-t", "es", "--data-out", tmp_path / "d",
+                                              "--save-dir", tmp_path / "s", "--train-config", "sample-es-en",
+                                              "resi_dual", "\u00b2"])
+    assert line == "error: --train-config LAYERS must be a positive number, got '\u00b2'"
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"subword": None}, "is not one residual-fairseq-prepare wrote"),
+    ({"source_lang": ["es"]}, "is not one residual-fairseq-prepare wrote"),
+    ({"task": "language_modeling"}, "holds a language-model preparation"),
+])
+def test_a_vocab_from_manifest_of_another_kind_is_one_line(sample_prepared, tmp_path, change, problem):  # noqa: F811
+    copy = tmp_path / "prepared"
+    (copy / "bin").mkdir(parents=True)
+    manifest = json.loads((sample_prepared / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, **change}))
+    with pytest.raises(finetune.UserError, match=problem):
+        finetune.OriginalVocabulary.from_prepared(copy)
+
+
+def test_a_dictionary_fairseq_refuses_is_one_line(es_en_checkpoint, tmp_path):
+    duplicate = tmp_path / "dict.txt"
+    duplicate.write_text("".join(f"w{i} 1\n" for i in range(10)) + "w1 1\n")
+    with pytest.raises(finetune.UserError, match=r"dict.txt is not a fairseq dictionary: Duplicate word .*'w1'"):
+        finetune.check_compatible(es_en_checkpoint, duplicate, duplicate)

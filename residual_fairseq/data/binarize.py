@@ -51,11 +51,28 @@ def run_fairseq_preprocess(arguments):
     args = parser.parse_args(arguments)
     root = logging.getLogger()
     level = root.level
+    pools_before = _pools()
     try:
         preprocess.main(args)
     except (AssertionError, FileNotFoundError) as exc:
         raise DataPreparationError(f"fairseq-preprocess failed: {exc}") from None
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): fairseq never terminates its worker pools (--workers N),
+        # whose processes could outlive us, so end the pools it started. (Terminating their
+        # processes alone is not enough: a live pool replaces workers that exit.)
+        for pool in _pools() - pools_before:
+            pool.terminate()
+        raise
     finally:
         # fairseq lowers the root logger to DEBUG on import and INFO in preprocess.
         root.setLevel(level)
     logger.info("fairseq-preprocess %s", " ".join(arguments))
+
+
+def _pools() -> set:
+    """The multiprocessing pools alive in this process."""
+    import gc
+    from multiprocessing.pool import Pool
+
+    # type(), not isinstance(): isinstance asks a dead weakref proxy for its __class__, and raises
+    return {obj for obj in gc.get_objects() if issubclass(type(obj), Pool)}

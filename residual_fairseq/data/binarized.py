@@ -49,6 +49,8 @@ def dictionary_size(path) -> int:
         return len(Dictionary.load(str(path)))
     except Exception as err:  # fairseq raises ValueError/RuntimeError quoting the offending line
         detail = str(err).strip().replace("\r", "\\r").replace("\n", "\\n")  # its newline too: keep one line
+        if detail.startswith("Duplicate word found"):  # (fairseq's advice goes on about Camembert)
+            detail = detail.split(". ", 1)[0] + ": a symbol may appear once, or its line ends in #fairseq:overwrite"
         raise UserError(f"{path} is not a fairseq dictionary: {detail}") from None
 
 

@@ -106,9 +106,16 @@ def main(argv=None):
     handler.setFormatter(logging.Formatter("%(message)s"))
     data_logger = logging.getLogger("residual_fairseq.data")
     saved_level, saved_propagate = data_logger.level, data_logger.propagate
+    # --quiet silences the console only (the handler's level): OUT/prepare.log keeps the INFO lines.
+    handler.setLevel(logging.WARNING if args.quiet else logging.INFO)
     data_logger.addHandler(handler)
     data_logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
     data_logger.propagate = False  # fairseq configures the root logger; keep one copy of each line
+    # and fairseq-preprocess's own INFO lines
+    fairseq_logger = logging.getLogger("fairseq_cli.preprocess")
+    saved_fairseq_level = fairseq_logger.level
+    if args.quiet:
+        fairseq_logger.setLevel(logging.WARNING)
     try:
         options = options_from_arguments(args)
         result = (prepare_language_model if options.dataset in LM_RECIPES else prepare)(options)
@@ -116,6 +123,7 @@ def main(argv=None):
         data_logger.removeHandler(handler)
         data_logger.setLevel(saved_level)
         data_logger.propagate = saved_propagate
+        fairseq_logger.setLevel(saved_fairseq_level)
     print(result.bin_dir)
     return 0
 

@@ -20,7 +20,7 @@ from .text import (
 )
 from .textio import pair_up, read_lines, read_tsv_pairs
 
-LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}(?:[_-][A-Za-z0-9]+)?$")
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z0-9]+)?\Z")  # \Z, not $: "$" also matches before a final newline
 
 
 class Source:

@@ -239,7 +239,7 @@ def _run(recipe, options, settings, staging):
         write_lines(training_file, splits["train"])
         logger.info("learning %s subwords (%d)", options.subword, options.vocab_size)
         model_path, description = subword.learn(options.subword, options.vocab_size, training_file, staging,
-                                                options.workers)
+                                                options.workers, progress=options.progress)
         encoder = subword.encoder_for(model_path)
         splits = {split: map_lines(encoder, lines, options.workers) for split, lines in splits.items()}
         steps += [description.replace("(both sides)", ""), f"all splits: {encoder.description}"]

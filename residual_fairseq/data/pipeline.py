@@ -31,7 +31,7 @@ from ..atomic import process_alive
 from . import subword
 from .binarize import preprocess_arguments, run_fairseq_preprocess
 from .corpus import CorpusBuild
-from .datasets import recipe_for
+from .datasets import LANGUAGE_CODE, recipe_for
 from .download import default_download_dir, sha256_of
 from .errors import DataPreparationError
 from .text import clean_corpus, map_lines
@@ -176,7 +176,9 @@ def apply_reuse(options):
         raise DataPreparationError(f"--reuse {previous}: no {MANIFEST_NAME} there (not a prepared directory)")
     if not is_prepare_manifest(manifest):
         raise DataPreparationError(f"--reuse {previous}: its {MANIFEST_NAME} is not one residual-fairseq-prepare "
-                                   "wrote (no format/source_lang/target_lang/subword/files)")
+                                   "wrote (format/source_lang/target_lang/subword/files missing or malformed)")
+    if manifest.get("task") == "language_modeling":
+        raise DataPreparationError(f"--reuse {previous}: a language-model preparation (one language, no pair)")
     model = manifest.get("subword", {}).get("model")
     langs = manifest["source_lang"], manifest["target_lang"]
     changes = dict(
@@ -213,7 +215,8 @@ def check_dictionary_file(path, flag):
                 fields = line.rstrip("\n").rsplit(" ", 2)
                 if fields and fields[-1] == "#fairseq:overwrite":
                     fields = fields[:-1]
-                if len(fields) != 2 or not fields[0] or not fields[1].lstrip("-").isdigit():
+                count = fields[1].lstrip("-") if len(fields) == 2 else ""
+                if not fields[0] or not (count.isascii() and count.isdigit()):  # ("²".isdigit() is True)
                     raise DataPreparationError(f"{flag} {path} is not a fairseq dictionary: line {number} is not "
                                                "'<token> <count>' (use the dict.<lang>.txt of a fairseq data directory)")
                 entries += 1
@@ -221,6 +224,15 @@ def check_dictionary_file(path, flag):
         raise DataPreparationError(f"{flag} {path} is not a fairseq dictionary (not UTF-8 text)") from None
     if entries == 0:
         raise DataPreparationError(f"{flag} {path} is empty: not a fairseq dictionary")
+    # What the line format cannot show (a duplicate symbol, one of fairseq's own specials), fairseq's
+    # parser refuses: read it with that parser now, not in the middle of fairseq-preprocess.
+    from ..errors import UserError
+    from .binarized import dictionary_size
+
+    try:
+        dictionary_size(path)
+    except UserError as err:
+        raise DataPreparationError(f"{flag} {err}") from None
 
 
 def input_fingerprints(options, corpus_files):
@@ -254,15 +266,31 @@ def is_prepare_manifest(manifest) -> bool:
     keys = PREPARE_MANIFEST_KEYS
     if manifest.get("task") == "language_modeling":  # one language, no pair
         keys = tuple(key for key in keys if key not in ("source_lang", "target_lang"))
-    return (all(key in manifest for key in keys)
-            and manifest.get("format") == MANIFEST_FORMAT and isinstance(manifest.get("files"), dict))
+    if not (all(key in manifest for key in keys)
+            and manifest.get("format") == MANIFEST_FORMAT and isinstance(manifest.get("files"), dict)):
+        return False
+    # The values readers use must have the types this pipeline writes (a planted manifest.json is
+    # hostile): the subword model a plain file name beside it, never a path out of the directory.
+    subword = manifest["subword"]
+    if not isinstance(subword, dict) or not _is_plain_file_name(subword.get("model", None), optional=True):
+        return False
+    return all(isinstance(manifest[key], str) and LANGUAGE_CODE.match(manifest[key])
+               for key in ("source_lang", "target_lang") if key in keys)
+
+
+def _is_plain_file_name(name, optional=False) -> bool:
+    if name is None:
+        return optional
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name)
 
 
 def foreign_files(out_dir, manifest):
     """Files in ``out_dir`` that the preparation recorded in ``manifest`` did not write."""
     ours = set(manifest.get("files") or {}) | {MANIFEST_NAME, LOG_NAME}
     return sorted(str(path.relative_to(out_dir)) for path in Path(out_dir).rglob("*")
-                  if not path.is_dir() and str(path.relative_to(out_dir)) not in ours)
+                  # a symlink to a directory is the user's too: --force would delete the link
+                  if (path.is_symlink() or not path.is_dir()) and str(path.relative_to(out_dir)) not in ours)
 
 
 def check_output_holds_no_input(out_dir, options, corpus_files):
@@ -454,7 +482,7 @@ def subword_encoder(options, build, staging, work_dir):
                     handle.write(line + "\n")
     logger.info("learning %s subwords (%d)", options.subword, options.vocab_size)
     model_path, description = subword.learn(options.subword, options.vocab_size, training_file, staging,
-                                            options.workers)
+                                            options.workers, progress=options.progress)
     build.steps.append(description)
     return subword.encoder_for(model_path), {
         "method": options.subword, "model": model_path.name, "vocab_size": options.vocab_size}

@@ -5,6 +5,8 @@ vocabulary, as the fairseq scripts do) or reused from an existing model file, th
 applied line by line. Model files live in the output directory under a fixed name
 so that a later preparation can reuse them (``--reuse DIR``).
 """
+import contextlib
+import re
 from pathlib import Path
 
 from .errors import DataPreparationError
@@ -78,6 +80,10 @@ def check_model_file(path, method=None):
             merges = 0
             for number, line in enumerate(codes, start=1):
                 if number == 1 and line.startswith("#version:"):
+                    # subword-nmt parses the number itself (int() of each dotted part)
+                    if not re.fullmatch(r"#version:\s*[0-9]+(\.[0-9]+)*\s*", line):
+                        raise DataPreparationError(f"subword model {path} is not a subword-nmt codes file: line 1 is "
+                                                   "not '#version: X.Y'")
                     continue
                 if len(line.rstrip("\r\n").split(" ")) != 2:
                     raise DataPreparationError(f"subword model {path} is not a subword-nmt codes file: line {number} "
@@ -96,20 +102,25 @@ def encoder_for(model_path):
     return SubwordNmtEncode(model_path)
 
 
-def learn(method, vocab_size, training_file, out_dir, workers=1, user_defined_symbols=()):
+def learn(method, vocab_size, training_file, out_dir, workers=1, user_defined_symbols=(), progress=True):
     """Learn a subword model on ``training_file`` (both sides concatenated) into ``out_dir``.
 
     ``vocab_size`` is the number of merges for subword-nmt (as the fairseq
     scripts' BPE_TOKENS) and the vocabulary size for sentencepiece. Returns the
-    model path and a one-line description of what was run.
+    model path and a one-line description of what was run. ``progress=False`` hides subword-nmt's bar.
     """
     out_dir = Path(out_dir)
     if method == "bpe":
-        from subword_nmt.learn_bpe import learn_bpe
+        from unittest import mock
+
+        from subword_nmt import learn_bpe as learn_bpe_module
 
         codes_path = out_dir / BPE_CODES_NAME
-        with open(training_file, encoding="utf-8") as infile, open(codes_path, "w", encoding="utf-8") as outfile:
-            learn_bpe(infile, outfile, vocab_size, num_workers=workers)
+        # subword-nmt offers no switch for its tqdm bar: swap its module's tqdm for the block
+        no_bar = mock.patch.object(learn_bpe_module, "tqdm", lambda iterable, *args, **kwargs: iterable)
+        with open(training_file, encoding="utf-8") as infile, open(codes_path, "w", encoding="utf-8") as outfile, \
+                (contextlib.nullcontext() if progress else no_bar):
+            learn_bpe_module.learn_bpe(infile, outfile, vocab_size, num_workers=workers)
         return codes_path, f"subword-nmt learn-bpe -s {vocab_size} on train (both sides)"
     if method in ("spm-bpe", "spm-unigram"):
         import sentencepiece
@@ -131,7 +142,7 @@ def learn(method, vocab_size, training_file, out_dir, workers=1, user_defined_sy
             options["user_defined_symbols"] = list(user_defined_symbols)
         try:
             sentencepiece.SentencePieceTrainer.train(**options)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # ValueError: a number sentencepiece cannot parse (> int32)
             message = str(exc).strip().splitlines()[-1]
             raise DataPreparationError(f"sentencepiece could not learn a {vocab_size} vocabulary: {message}") from None
         return (

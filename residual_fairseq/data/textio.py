@@ -71,11 +71,14 @@ def _read_wide(data, encoding, path):
 
 
 def write_lines(path, lines):
+    """One line per item. A carriage return inside an item becomes a space: fairseq-preprocess and
+    the scorers read text with universal newlines, where a lone ``\\r`` ends a line, so one side of
+    a pair would gain a sentence and every later pair would be misaligned."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with io.open(path, "w", encoding="utf-8", newline="\n") as handle:
         for line in lines:
-            handle.write(line)
+            handle.write(line.replace("\r", " "))
             handle.write("\n")
 
 
