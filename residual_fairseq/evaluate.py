@@ -73,6 +73,8 @@ def pick_checkpoint(checkpoint, last_n: Optional[int] = None):
             raise UserError(f"averaging the last {last_n} checkpoints needs a checkpoint directory, got a file: {checkpoint}")
         return checkpoint, checkpoint.parent
     if not checkpoint.is_dir():
+        if checkpoint.exists():  # a pipe or a device
+            raise UserError(f"checkpoint {checkpoint} is not a regular file")
         raise UserError(f"checkpoint not found: {checkpoint}")
     if not last_n:
         best = checkpoint / "checkpoint_best.pt"

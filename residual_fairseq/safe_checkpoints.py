@@ -76,6 +76,7 @@ FAIRSEQ_ENTRIES = frozenset({
 # Files fairseq itself writes into a save dir for a run (checkpoint_utils.save_checkpoint).
 RUN_CHECKPOINT = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+)\.pt")
 MAX_CONFIG_NODES = 100_000
+MAX_CONFIG_DEPTH = 32  # fairseq nests configs 3-4 deep; omegaconf recurses once per level
 _STORAGE_KEY = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -105,6 +106,7 @@ def allow_fairseq_checkpoint_globals() -> None:
 
 def is_intact(path) -> bool:
     """True if ``path`` is a complete zip archive (a crash while writing leaves no index)."""
+    _refuse_irregular(path)  # zipfile would read a device to its (never) end, or block on a pipe
     try:
         with zipfile.ZipFile(path) as archive:
             return bool(archive.namelist())
@@ -115,13 +117,31 @@ def is_intact(path) -> bool:
 # --- 1. read once, check the zip layout -------------------------------------------------------
 
 
+def _refuse_irregular(path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # (missing, a link loop...: the reader's own error names it)
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file")
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"checkpoint {path} is not a regular file")
+
+
 def read_file_once(path) -> bytes:
+    """The checkpoint file's bytes, read once (or only its first 4 when they show it is no zip)."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: opening a named pipe would otherwise wait forever for a writer
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise CheckpointError(f"checkpoint {path} is not a regular file")
-            return handle.read()
+            magic = handle.read(4)
+            if magic != b"PK\x03\x04":  # before reading gigabytes of something else into memory
+                return magic
+            return magic + handle.read()
+    except MemoryError:
+        raise CheckpointError(f"checkpoint {path} does not fit in memory") from None
     except IsADirectoryError:
         raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file") from None
     except FileNotFoundError:
@@ -311,23 +331,29 @@ def _referenced_tensor_bytes(state, path):
 # --- 3./4. load from memory, check fairseq's layout -----------------------------------------------
 
 
-def _check_plain_config(config, where, path):
-    """Config values are plain data: no tensors, no objects, no omegaconf interpolations."""
-    stack, seen = [(config, where)], 0
+def _check_plain_config(config, where, path, leaves_checked=True):
+    """Config values are plain data: no tensors, no objects, no omegaconf interpolations
+    (``leaves_checked=False``, for extra_state: only its size and depth are bounded)."""
+    stack, seen = [(config, where, 0)], 0
     while stack:
-        node, at = stack.pop()
+        node, at, depth = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_NODES:
             raise CheckpointError(f"checkpoint {path} is malformed: {where} has more than {MAX_CONFIG_NODES} values")
+        if depth > MAX_CONFIG_DEPTH:
+            raise CheckpointError(f"checkpoint {path} is malformed: {where} is nested more than "
+                                  f"{MAX_CONFIG_DEPTH} levels deep")
         if isinstance(node, argparse.Namespace):
             node = vars(node)
         if isinstance(node, dict):
             for key, value in node.items():
                 if not isinstance(key, (str, int)):
                     raise CheckpointError(f"checkpoint {path} is malformed: {at} has a key of type {type(key).__name__}")
-                stack.append((value, f"{at}.{key}"))
+                stack.append((value, f"{at}.{key}", depth + 1))
         elif isinstance(node, (list, tuple)):
-            stack.extend((value, f"{at}[{i}]") for i, value in enumerate(node))
+            stack.extend((value, f"{at}[{i}]", depth + 1) for i, value in enumerate(node))
+        elif not leaves_checked:
+            continue
         elif isinstance(node, str):
             if "${" in node:
                 raise CheckpointError(f"refusing to load checkpoint {path}: {at} is an omegaconf interpolation "
@@ -378,6 +404,9 @@ def check_fairseq_layout(state, path) -> None:
     for name, value in (("args", args), ("cfg", cfg)):
         if value is not None:
             _check_plain_config(value, name, path)
+    if state.get("extra_state") is not None:  # (holds tensors: fairseq's metrics)
+        _check_plain_config(state["extra_state"], "extra_state", path, leaves_checked=False)
+    check_named_files(state, path)
     try:
         check_config_strings(config, "args" if args is not None else "cfg")
     except CodeInConfigError as err:
@@ -546,6 +575,11 @@ def _has_option(config, name) -> bool:
 def _forget_initialisation_files(state):
     """Replace the :data:`INITIALISATION_FILE_OPTIONS` of a checkpoint's model config
     (flat, or nested as ``encoder.embed_path``), before the caller's overrides."""
+    # --replace-unk PATH (an alignment dictionary) is a decoding choice of whoever decodes, not
+    # of the checkpoint: a stored path (fairseq opens and parses it unchecked) is dropped.
+    for config in (state.get("args"), config_option(state.get("cfg"), "generation")):
+        if isinstance(config_option(config, "replace_unk"), str):
+            set_config_option(config, "replace_unk", None)
     model_configs = [state.get("args"), config_option(state.get("cfg"), "model")]
     for config in model_configs:
         for name, at_load in INITIALISATION_FILE_OPTIONS.items():
@@ -555,6 +589,37 @@ def _forget_initialisation_files(state):
             nested = config_option(config, stack)
             if isinstance(nested, (dict, argparse.Namespace)) and config_option(nested, "embed_path") is not None:
                 set_config_option(nested, "embed_path", None)
+
+
+# Options of fairseq's subword encoders (--bpe) that name a file or URL to open. A checkpoint
+# may name a file (fairseq-train stores the path it was given), but not a pipe or device,
+# which would block or never end, nor a URL to download other than fairseq's own defaults.
+ENCODER_FILE_OPTIONS = ("sentencepiece_model", "sentencepiece_model_path", "bpe_codes", "gpt2_encoder_json",
+                        "gpt2_vocab_bpe", "bpe_vocab_file", "bpe_merges", "bpe_vocab")
+FAIRSEQ_DEFAULT_URLS = {"https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json",
+                        "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/vocab.bpe"}
+
+
+def check_named_files(state, path) -> None:
+    """Refuse a checkpoint whose subword-encoder options name a URL or a file that is not a
+    regular file (see :data:`ENCODER_FILE_OPTIONS`)."""
+    cfg = state.get("cfg") if isinstance(state.get("cfg"), dict) else {}
+    sources = [("args", state.get("args"))] + [(f"cfg.{section}", cfg.get(section)) for section in ("bpe", "tokenizer")]
+    for where, config in sources:
+        for name in ENCODER_FILE_OPTIONS:
+            value = config_option(config, name)
+            if not isinstance(value, str) or value in ("", "???") or value in FAIRSEQ_DEFAULT_URLS:
+                continue
+            if "://" in value:
+                raise CheckpointError(f"refusing to load checkpoint {path}: {where}.{name} names a URL "
+                                      f"({value[:60]!r}), which loading it would download")
+            try:
+                mode = os.stat(value).st_mode
+            except (OSError, ValueError):
+                continue  # no such file here: fairseq says so if it needs it (the hub uses its own copy)
+            if not stat.S_ISREG(mode):
+                raise CheckpointError(f"refusing to load checkpoint {path}: {where}.{name} names {value[:60]!r}, "
+                                      "which is not a regular file")
 
 
 class SizedDictionary:
@@ -726,6 +791,36 @@ def install_loading_guard() -> None:
         if name.split(".")[0] in ("fairseq", "fairseq_cli") and \
                 getattr(module, "load_checkpoint_to_cpu", None) is _fairseq_load_checkpoint_to_cpu:
             module.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    from fairseq import file_utils
+
+    file_utils.load_archive_file = load_archive_file  # (hub_utils looks it up on the module per call)
+
+
+def load_archive_file(archive_file):
+    """fairseq's ``file_utils.load_archive_file`` (``from_pretrained`` of a model archive), made safe:
+    fairseq extracts every member unfiltered (``../`` escapes the temp dir) and then deletes the
+    archive, replacing it by the extracted directory. Here members go through the data filter of
+    :func:`residual_fairseq.data.download.extract_archive`, into a temp dir removed at exit, and the
+    archive is left as it was."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from fairseq import file_utils
+
+    from .data.download import extract_archive
+
+    try:
+        resolved = file_utils.cached_path(archive_file, cache_dir=None)  # (downloads a URL to fairseq's cache)
+    except EnvironmentError:
+        return None  # as fairseq: the caller reports the name it could not find
+    if os.path.isdir(resolved):
+        return resolved
+    into = tempfile.mkdtemp(prefix="residual-fairseq-archive-")
+    atexit.register(shutil.rmtree, into, True)
+    extract_archive(resolved, into)
+    top = os.path.commonpath([str(path) for path in Path(into).iterdir()] or [into])
+    return top if os.path.isdir(top) else into
 
 
 # --- building models from a verified state ----------------------------------------------------

@@ -134,6 +134,30 @@ def catalogue(real, marker, tmp_path_factory):
     interpolated["cfg"]["common"]["log_format"] = "${oc.env:HOME}"
     save("cfg_interpolation", interpolated, "cfg.common.log_format is an omegaconf interpolation")
 
+    # config values that would make a loader open a pipe (blocks forever) or download a URL
+    pipe = out / "a-pipe"
+    os.mkfifo(pipe)
+    bpe_pipe = copy.deepcopy(good)
+    bpe_pipe["cfg"]["bpe"] = {"_name": "sentencepiece", "sentencepiece_model": str(pipe)}
+    save("cfg_bpe_names_a_pipe", bpe_pipe, "cfg.bpe.sentencepiece_model names .* which is not a regular file")
+    bpe_url = copy.deepcopy(good)
+    bpe_url["cfg"]["bpe"] = {"_name": "gpt2", "gpt2_encoder_json": "http://127.0.0.1:9/encoder.json",
+                             "gpt2_vocab_bpe": "http://127.0.0.1:9/vocab.bpe"}
+    save("cfg_bpe_names_a_url", bpe_url, "cfg.bpe.gpt2_encoder_json names a URL")
+    save("args_bpe_names_a_url", with_model_options(args_layout(good), bpe="subword_nmt",
+                                                    bpe_codes="https://example.com/codes"),
+         "args.bpe_codes names a URL")
+    # nesting deeper than any config (omegaconf and torch.save recurse once per level)
+    deep = []
+    for _ in range(40):
+        deep = [deep]
+    nested_cfg = copy.deepcopy(good)
+    nested_cfg["cfg"]["common"]["deep"] = deep
+    save("cfg_nested_too_deep", nested_cfg, "cfg is nested more than 32 levels deep")
+    nested_extra = copy.deepcopy(good)
+    nested_extra["extra_state"]["deep"] = deep
+    save("extra_state_nested_too_deep", nested_extra, "extra_state is nested more than 32 levels deep")
+
     # pickle payloads
     reduce_payload = copy.deepcopy(good)
     reduce_payload["extra_state"]["metrics"] = RunsCodeWhenUnpickled(marker)
@@ -210,7 +234,8 @@ def project_clis(path, good, data_bin, one_line, out):
 CASES = [
     "cfg_adaptive_softmax_cutoff", "cfg_fconv_encoder_layers", "cfg_lstm_decoder_attention",
     "cfg_task_left_pad_source", "args_adaptive_softmax_cutoff", "args_fconv_decoder_layers",
-    "args_xformers_att_config", "cfg_interpolation", "pickle_reduce", "pickle_numpy_object_array",
+    "args_xformers_att_config", "cfg_interpolation", "cfg_bpe_names_a_pipe", "cfg_bpe_names_a_url",
+    "args_bpe_names_a_url", "cfg_nested_too_deep", "extra_state_nested_too_deep", "pickle_reduce", "pickle_numpy_object_array",
     "pickle_legacy_format", "zip_not_torch", "truncated", "empty_dict", "a_list", "no_model", "model_a_list",
     "unexpected_entry", "cfg_a_string", "args_a_dict", "cfg_model_a_list", "storage_key_dotdot",
     "record_name_dotdot", "storage_record_short", "bomb_stride_zero", "bomb_many_views",
@@ -571,3 +596,70 @@ def test_killing_the_driver_ends_fairseq_train(toy_data_bin, tmp_path):
         assert not any(processes_in_group(child) for child in children[signum]), f"orphans after {signum.name}"
         with train.save_dir_lock(save_dir):  # released by the dead driver and its dead children
             pass
+
+
+@pytest.mark.parametrize("kind", ["pipe", "device", "link to a device"])
+def test_a_checkpoint_that_is_no_regular_file_is_refused_without_reading(kind, tmp_path, capsys, toy_data_bin,
+                                                                          one_line):
+    """A named pipe would block every reader forever, /dev/zero never end (or fill the memory)."""
+    path = tmp_path / "checkpoint_last.pt"
+    if kind == "pipe":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    else:
+        path.symlink_to("/dev/zero")
+    for check in (safe_checkpoints.read_checkpoint, safe_checkpoints.is_intact):
+        with pytest.raises(safe_checkpoints.CheckpointError, match="is not a regular file"):
+            check(path)
+    line = user_error(capsys, translate.main, [path, "--data", toy_data_bin, "--input", one_line], only_line=True)
+    assert line == f"error: checkpoint {path} is not a regular file"
+    line = user_error(capsys, evaluate.main, [path, toy_data_bin, "--out-json", tmp_path / "e.json"], only_line=True)
+    assert line == f"error: checkpoint {path} is not a regular file"
+
+
+def test_a_stored_replace_unk_file_is_never_opened(real, tmp_path):
+    """--replace-unk PATH (an alignment dictionary) is the decoder's choice: a path stored in the
+    checkpoint (a pipe here, which would block) is dropped on loading, in both layouts."""
+    pipe = tmp_path / "align-pipe"
+    os.mkfifo(pipe)
+    good = torch.load(real, weights_only=True)
+    good["cfg"]["generation"]["replace_unk"] = str(pipe)
+    args = args_layout(good)
+    args["args"].replace_unk = str(pipe)
+    for name, state in (("cfg", good), ("args", args)):
+        torch.save(state, tmp_path / f"{name}.pt")
+        loaded = safe_checkpoints.load_checkpoint_to_cpu(str(tmp_path / f"{name}.pt"))
+        stored = loaded["cfg"]["generation"]["replace_unk"] if name == "cfg" else loaded["args"].replace_unk
+        assert stored is None
+
+
+def test_a_model_archive_is_unpacked_safely_and_kept(real, toy_data_bin, tmp_path):
+    """fairseq's from_pretrained extracts an archive unfiltered and deletes it; the plugin's guard
+    refuses a member escaping the temp dir, and leaves the user's archive in place."""
+    import tarfile
+
+    from residual_fairseq.models.resi_dual import ResiDualModel
+
+    def archive(name, escaping):
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as bundle:
+            bundle.add(real, arcname="model/model.pt")
+            for dictionary in Path(toy_data_bin).glob("dict.*.txt"):
+                bundle.add(dictionary, arcname=f"model/{dictionary.name}")
+            if escaping:
+                info = tarfile.TarInfo(f"model/../../../../../../..{tmp_path}/escaped.txt")
+                info.size = 3
+                bundle.addfile(info, io.BytesIO(b"bad"))
+        return path, path.read_bytes()
+
+    hostile, hostile_bytes = archive("hostile.tar.gz", escaping=True)
+    with pytest.raises(UserError, match="holds an unsafe member, refused"):
+        ResiDualModel.from_pretrained(str(hostile), checkpoint_file="model.pt")
+    assert not (tmp_path / "escaped.txt").exists() and hostile.read_bytes() == hostile_bytes
+    good, good_bytes = archive("good.tar.gz", escaping=False)
+    pair = next(Path(toy_data_bin).glob("train.*-*.*.idx")).name.split(".")[1]  # (the archive has no splits)
+    source_lang, target_lang = pair.split("-")
+    hub = ResiDualModel.from_pretrained(str(good), checkpoint_file="model.pt", source_lang=source_lang,
+                                        target_lang=target_lang)
+    assert hub.models and good.read_bytes() == good_bytes
