@@ -24,6 +24,11 @@ def _number(text, kind):
         raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
 
 
+# fairseq shuffles epoch N's batches with numpy seed ``seed + N``, and numpy takes seeds below
+# 2**32 (checked only once training starts): half that range leaves room for any number of epochs.
+MAX_SEED = 2 ** 31 - 1
+
+
 def int_at_least(minimum: int, maximum: int = None):
     def parse(text):
         value = _number(text, int)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import USER_DIR, configs, early_stopping
-from .argtypes import check_output_dir, int_at_least, positive_int
+from .argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int
 from .data import binarized
 from .errors import UserError, cli_main
 from .passthrough import refuse_flags
@@ -52,6 +52,7 @@ from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
 from .variants import VARIANTS, needs_profile
 
 LOG_NAME = "train.log"
+CUDA_ONLY_FLAGS = tuple(configs.flag(name) for names in configs.CUDA_ONLY_SETTINGS.values() for name in names)
 RUN_RECORD_NAME = "run.json"
 
 
@@ -140,6 +141,9 @@ def plan(request: TrainRequest) -> TrainPlan:
     cpu = (not cuda_available()) if request.cpu is None else request.cpu
     if cpu:
         settings["common"]["cpu"] = True
+        # fairseq would stop on them after starting (fp16: "not compiled with CUDA"; bf16 means TPU there)
+        refuse_flags(request.extra_args, CUDA_ONLY_FLAGS, "after --: needs CUDA, and this run trains on CPU"
+                     + (" (--cpu)" if request.cpu else " (no CUDA on this machine)"))
         dropped = configs.drop_cuda_only_settings(settings)
         reason = "no CUDA on this machine" if request.cpu is None else "--cpu"
         notes.append(f"{reason}: training on CPU"
@@ -478,7 +482,7 @@ def save_dir_lock(save_dir):
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     path = save_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # (see refuse_links_in_save_dir)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -491,6 +495,23 @@ def save_dir_lock(save_dir):
         yield fd
     finally:
         os.close(fd)
+
+
+def refuse_links_in_save_dir(save_dir) -> None:
+    """Refuse a save dir where a file the run writes is a symbolic link: the driver and fairseq
+    open those names for writing (the lock, train.log, run.json, checkpoints, Admin's profile)
+    and would write through a planted link into whatever it points at."""
+    from .admin_profile import PROFILE_NAME
+
+    save_dir = Path(save_dir)
+    if not save_dir.is_dir():
+        return
+    written = {LOCK_NAME, LOG_NAME, RUN_RECORD_NAME, f".{RUN_RECORD_NAME}.tmp", PROFILE_NAME}
+    for path in sorted(save_dir.iterdir()):
+        if path.is_symlink() and (path.name in written or
+                                  (path.name.startswith("checkpoint") and path.name.endswith(".pt"))):
+            raise UserError(f"{path} is a symbolic link: training writes that file and would write through the "
+                            "link; remove it, or choose another --save-dir")
 
 
 def die_with_the_driver():
@@ -682,6 +703,7 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     print(("would run" if dry_run else "running") + ":\n" + train_plan.describe(), flush=True)
     if dry_run:
         return train_plan
+    refuse_links_in_save_dir(request.save_dir)
     with save_dir_lock(request.save_dir) as lock_fd:
         point = resume_point(request.save_dir)
         environment = {}
@@ -733,7 +755,7 @@ def build_parser():
                                                      "hold it, else the data's pair)")
     parser.add_argument("--target-lang", "-t", help="target language")
     parser.add_argument("--save-dir", required=True, help="checkpoints, train.log and run.json go here")
-    parser.add_argument("--seed", type=int_at_least(0), help="override the config's seed")
+    parser.add_argument("--seed", type=int_at_least(0, MAX_SEED), help="override the config's seed")
     parser.add_argument("--nprocs", type=positive_int, default=1,
                         help="processes: GPUs (fairseq spawns them) or, without CUDA, CPU ranks over gloo")
     parser.add_argument("--cpu", action="store_true", default=None,

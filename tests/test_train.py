@@ -326,3 +326,39 @@ def test_fairseq_train_takes_the_count_only_from_a_well_formed_variable(monkeypa
     monkeypatch.setattr(stop_early, "num_runs", None, raising=False)
     assert early_stopping.restore_in_fairseq_train(early_stopping.environment({"best": 4.5, "runs": 3}))
     assert (stop_early.best, stop_early.num_runs) == (4.5, 3)
+
+
+@pytest.mark.parametrize("name", ["train.log", ".residual-fairseq-train.lock", "run.json", ".run.json.tmp",
+                                  "checkpoint_last.pt", "admin_profile.json"])
+def test_a_link_planted_where_training_writes_is_refused(capsys, toy_data_bin, tmp_path, name):
+    """The driver and fairseq open these names for writing: through a link they would write into
+    whatever it points at (here a file of the user's, which must stay as it was)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    save_dir = tmp_path / "save"
+    save_dir.mkdir()
+    (save_dir / name).symlink_to(victim)
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "1",
+                                           "--data", toy_data_bin, "--save-dir", save_dir])
+    assert line == (f"error: {save_dir / name} is a symbolic link: training writes that file and would write "
+                    "through the link; remove it, or choose another --save-dir")
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("flag", ["--fp16", "--bf16", "--amp"])
+def test_half_precision_after_the_dashes_is_refused_on_cpu(capsys, toy_data_bin, tmp_path, flag):
+    """fairseq would stop on it only after starting (fp16: no CUDA; bf16 means a TPU on CPU)."""
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "1",
+                                           "--data", toy_data_bin, "--save-dir", tmp_path / "save", "--cpu",
+                                           "--", flag])
+    assert line == f"error: {flag} after --: needs CUDA, and this run trains on CPU (--cpu)"
+    assert not (tmp_path / "save").exists()
+
+
+def test_a_seed_numpy_cannot_take_is_refused_when_parsed(capsys, toy_data_bin, tmp_path):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        train.main(["--dataset", "sample-es-en", "--variant", "resi_dual", "--data", str(toy_data_bin),
+                    "--save-dir", str(tmp_path / "save"), "--seed", str(2 ** 31)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("argument --seed: must be at most 2147483647, got 2147483648")
