@@ -6,6 +6,7 @@ that do not hold robustly, which are therefore not asserted).
 """
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -395,3 +396,131 @@ def test_merge_takes_like_with_like(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--merge", str(tmp_path / "mt.json"), str(tmp_path / "lm.json"), "--out", str(tmp_path / "out")])
     assert "--merge: the files measure different stacks" in capsys.readouterr().err
+
+
+def _merge_exit(tmp_path, capsys, path, out="out"):
+    """--merge ``path``: its exit status and stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--merge", str(path), "--out", str(tmp_path / out)])
+    return exit_info.value.code, capsys.readouterr().err.strip()
+
+
+def _keep_a_users_entry(out):
+    (out / "notes.txt").write_text("keep me")
+
+
+def _keep_a_users_dir(out):
+    (out / "mydata").mkdir()
+    (out / "mydata" / "a").write_text("keep me")
+
+
+def _keep_a_users_link(out):
+    (out / "loss.csv").unlink()
+    (out / "loss.csv").symlink_to(out.parent / "precious.txt")
+
+
+@pytest.mark.parametrize("add, name, kept", [
+    (_keep_a_users_entry, "notes.txt", "notes.txt"), (_keep_a_users_dir, "mydata", "mydata/a"),
+    (_keep_a_users_link, "loss.csv", "loss.csv"),
+])
+def test_out_dir_holding_the_users_files_is_refused_not_emptied(tmp_path, capsys, add, name, kept):
+    """An earlier output was replaced whole, taking everything else in the dir with it."""
+    (tmp_path / "a.json").write_text(json.dumps(_saved_report()))
+    (tmp_path / "precious.txt").write_text("keep me")
+    out = tmp_path / "out"
+    main(["--merge", str(tmp_path / "a.json"), "--out", str(out)])
+    add(out)
+    before = sorted(path.name for path in out.iterdir())
+    code, err = _merge_exit(tmp_path, capsys, tmp_path / "a.json")
+    assert code == 2 and err.startswith(f"error: --out {out} holds {name}, which residual-fairseq-analyze did not"), err
+    assert sorted(path.name for path in out.iterdir()) == before
+    assert (out / kept).read_text() == "keep me"   # (through the link: precious.txt)
+    assert not list(tmp_path.glob(".out.*"))
+
+
+def test_a_symlinked_out_dir_stays_the_users_link(tmp_path, capsys):
+    (tmp_path / "a.json").write_text(json.dumps(_saved_report()))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    main(["--merge", str(tmp_path / "a.json"), "--out", str(tmp_path / "link")])
+    assert (tmp_path / "link").is_symlink()
+    assert (tmp_path / "real" / "analysis.json").is_file()
+
+
+def _nested_too_deeply(path):
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    return path
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (_nested_too_deeply, "it is nested too deeply"),
+    (lambda path: "/dev/zero", "--merge /dev/zero is not a regular file"),
+    (_fifo, "is not a regular file"),   # (it blocked forever)
+])
+def test_merge_refuses_hostile_files_in_one_line(tmp_path, capsys, make, message):
+    path = make(tmp_path / "h.json")
+    code, err = _merge_exit(tmp_path, capsys, path)
+    assert code == 2 and err.startswith(f"error: cannot read {path} as an analysis.json: ") and message in err, err
+    assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def _dual_stream(run):
+    return run["measurements"][0]["encoder"]["dual_norm"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    # finite, but beyond any float32 measurement: matplotlib's axis arithmetic overflowed
+    (lambda r: r["runs"][0].__setitem__("train_loss", [1e308, -1e308]), "runs[0].train_loss is not a list of numbers"),
+    (lambda r: r["runs"][0].__setitem__("train_loss", [10**400]), "runs[0].train_loss is not a list of numbers"),
+    (lambda r: _first_measurement(r)["decoder"].__setitem__("param_grad_norm", []),
+     "runs[0].measurements[0].decoder.param_grad_norm is empty"),
+    (lambda r: _first_measurement(r)["encoder"].__setitem__("cos_last", [0.5]),
+     "runs[0].measurements[0].encoder.cos_last has 1 numbers for 18 layers"),
+    (lambda r: _dual_stream(r["runs"][2]).pop(), "runs[2].measurements[0].encoder.dual_norm has 17 numbers"),
+    (lambda r: r["runs"][2]["measurements"][0]["decoder"].__setitem__("dual_norm", None),
+     "runs[2].measurements[0].decoder has dual_norm, dual_max_abs, dual_cos_next unlike the rest of its run"),
+])
+def test_merge_refuses_numbers_the_figures_cannot_draw(tmp_path, capsys, damage, message):
+    report = _saved_report()
+    assert [run["label"] for run in report["runs"]][2] == "resi_dual"
+    damage(report)
+    (tmp_path / "a.json").write_text(json.dumps(report))
+    code, err = _merge_exit(tmp_path, capsys, tmp_path / "a.json")
+    assert code == 2 and err.startswith(f"error: cannot read {tmp_path / 'a.json'} as an analysis.json: {message}"), err
+    assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_merge_draws_a_top_layer_gradient_of_zero(tmp_path):
+    report = _saved_report()
+    report["runs"][0]["train_loss"] = [9.0, 8.5]
+    _first_measurement(report)["encoder"]["param_grad_norm"][-1] = 0.0
+    (tmp_path / "a.json").write_text(json.dumps(report))
+    main(["--merge", str(tmp_path / "a.json"), "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_lone_language_flag_completes_the_pair_or_is_refused(toy_data_bin, tmp_path, capsys):
+    """fairseq re-infers both languages when one is missing: the one given was silently dropped."""
+    reverse = load_task(toy_data_bin, source_lang="tgt")
+    assert (reverse.cfg.source_lang, reverse.cfg.target_lang) == ("tgt", "src")
+    assert len(reverse.src_dict) == len(reverse.tgt_dict)  # (joined dictionary: the pair is what tells)
+    assert (load_task(toy_data_bin, target_lang="src").cfg.source_lang) == "tgt"
+    for flags in (["--source-lang", "xx"], ["-t", "xx"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(toy_data_bin), "--out", str(tmp_path / "out"), "--variants", "post_ln", "--layers", "1", *flags])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "xx" in err and "(no such pair)" in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999", str(2**32)])
+def test_a_seed_numpy_cannot_take_is_refused_when_parsed(tmp_path, capsys, seed):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--merge", "/nonexistent.json", "--out", str(tmp_path / "out"), "--seed", seed])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --seed: must be at" in err

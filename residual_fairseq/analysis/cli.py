@@ -2,12 +2,14 @@
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from ..argtypes import check_output_dir, finite_float, nonnegative_float, positive_float
+from ..argtypes import (MAX_SEED, check_output_dir, finite_float, int_at_least, nonnegative_float, positive_float,
+                        read_regular_file)
 from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
@@ -15,7 +17,7 @@ from ..runtime import add_threads_flag, add_verbose_flag, use_threads
 from ..variants import LM_VARIANTS, VARIANTS
 from .data import is_language_modeling, load_task, measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
-from .report import runs_from_dict, write_figures, write_tables
+from .report import TABLES, runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
 
 EXAMPLE = """example (24-layer narrow models on the prepared sample corpus, 300 updates; docs/diagnostics.md):
@@ -35,8 +37,9 @@ def build_parser():
     p.add_argument("--merge", nargs="+", action="extend", metavar="ANALYSIS_JSON",
                    help="instead of measuring, combine earlier outputs (e.g. one per variant, "
                         "run in parallel) into one report and its figures")
-    p.add_argument("--source-lang")
-    p.add_argument("--target-lang")
+    # -s/-t as in residual-fairseq-train, whose pair check (and its messages) this tool shares
+    p.add_argument("-s", "--source-lang")
+    p.add_argument("-t", "--target-lang")
     g = p.add_argument_group("models")
     g.add_argument("--variants", nargs="*", action="extend", choices=VARIANTS, default=None,
                    help="fresh models to build (default: all of them, or none when --checkpoint is given)")
@@ -53,7 +56,7 @@ def build_parser():
     g.add_argument("--heads", type=int)
     g.add_argument("--dropout", type=finite_float)
     g.add_argument("--dual-scale", type=finite_float, help="ResiDual dual-stream scale s (default 1.0)")
-    g.add_argument("--seed", type=int, default=1, help="initialisation and batch-order seed")
+    g.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=1, help="initialisation and batch-order seed")
     g = p.add_argument_group("measurement")
     g.add_argument("--split", default="valid", help="split the measurement batches come from")
     g.add_argument("--batches", type=int, default=4, help="measurement batches (the same ones every time)")
@@ -126,11 +129,42 @@ def check_model_fits_memory(args):
                         f"for its weights and optimizer state; this machine has {memory / 2**30:.0f} GiB")
 
 
+# Every name write_tables and write_figures give a file: an earlier output holding only
+# these is replaced whole; anything else in the dir is the user's, and refused.
+OWN_FILE_NAMES = re.compile("|".join([
+    r"analysis\.json", r"loss\.csv", r"training\.csv", *(re.escape(name) for name in TABLES),
+    r"(gradient_norms|similarity)_update\d+\.png", r"dual_stream\.png", r"training\.png",
+]))
+
+
+def foreign_entry(out: Path):
+    """The first entry of ``out`` this tool would not have written (a symlink, a subdir, another
+    name), or None: replacing ``out`` deletes its old entries."""
+    for entry in sorted(os.scandir(out), key=lambda entry: entry.name):
+        if not (OWN_FILE_NAMES.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+            return entry.name
+    return None
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` that is not a dir, or not empty and not only an earlier analysis output."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--out {out} is not a directory")
+    entries = list(out.iterdir())
+    if entries and not (out / "analysis.json").exists():
+        raise UserError(f"--out {out} exists and is not an earlier analysis output; choose another dir")
+    foreign = foreign_entry(out)
+    if foreign is not None:
+        raise UserError(f"--out {out} holds {foreign}, which residual-fairseq-analyze did not write; "
+                        "move it or choose another dir")
+
+
 def prepare_out_dir(out: Path) -> Path:
     """A fresh temporary dir beside ``out``; refuses to overwrite anything but an old analysis."""
     check_output_dir(out, "--out")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "analysis.json").exists())):
-        raise UserError(f"--out {out} exists and is not an earlier analysis output; choose another dir")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     give_default_permissions(tmp, directory=True)  # it becomes the user's output dir
@@ -139,6 +173,8 @@ def prepare_out_dir(out: Path) -> Path:
 
 def publish(tmp: Path, out: Path) -> None:
     """Move the finished output into place; an old output is replaced, never mixed in."""
+    # Measuring takes minutes: the user may have put something into out meanwhile.
+    check_replaceable(out)
     if out.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         os.replace(out, old / out.name)
@@ -225,10 +261,12 @@ def merge_reports(paths, out: Path):
     runs, settings = [], []
     for path in paths:
         try:
-            if Path(path).stat().st_size > MAX_REPORT_BYTES:
-                raise ValueError(f"it is larger than {MAX_REPORT_BYTES >> 20} MiB")
-            report = json.loads(Path(path).read_text(encoding="utf-8"))
+            # (a FIFO would block and /dev/zero never end: regular files only, read with a bound)
+            data = read_regular_file(path, MAX_REPORT_BYTES, "--merge", error=ValueError, kind="analysis.json")
+            report = json.loads(data.decode("utf-8"))
             runs += runs_from_dict(report)
+        except RecursionError:  # json's parser recurses once per nesting level
+            raise UserError(f"cannot read {path} as an analysis.json: it is nested too deeply") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise UserError(f"cannot read {path} as an analysis.json: {err}") from None
         settings.append(report.get("settings"))
@@ -244,12 +282,14 @@ def merge_reports(paths, out: Path):
 
 def write_report(produce_runs, settings, out: Path):
     """Runs ``produce_runs()`` and writes its report into ``out`` as one complete unit."""
-    tmp = prepare_out_dir(out)
+    # A symlinked out stays the user's link: the dir it names is the one replaced.
+    out_dir = Path(os.path.realpath(out)) if out.is_symlink() else out
+    tmp = prepare_out_dir(out_dir)
     try:
         runs = list(produce_runs())
         write_tables(runs, settings, tmp)
         figures = write_figures(runs, tmp)
-        publish(tmp, out)
+        publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

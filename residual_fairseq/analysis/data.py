@@ -8,6 +8,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..data.binarized import check_dictionaries, check_task_split
 from ..errors import UserError
+from ..train import language_pair
 
 
 def load_task(data_dir, source_lang=None, target_lang=None, tokens_per_sample=128):
@@ -18,9 +19,15 @@ def load_task(data_dir, source_lang=None, target_lang=None, tokens_per_sample=12
         raise UserError(f"data dir {data_dir} does not exist")
     check_dictionaries(data_dir)  # with one line naming a malformed one (fairseq's message spans lines)
     if (data_dir / "dict.txt").is_file() and not list(data_dir.glob("dict.*.txt")):
+        if source_lang or target_lang:
+            raise UserError(f"-s/-t: {data_dir} holds a language model's data (one dict.txt), not a language pair")
         return load_language_modeling_task(data_dir, tokens_per_sample)
     if not list(data_dir.glob("dict.*.txt")):
         raise UserError(f"{data_dir} has no dict.*.txt: not a fairseq-preprocess output dir")
+    if source_lang or target_lang:
+        # fairseq re-infers both languages when either is missing, silently dropping the one given:
+        # complete (or refuse) the pair the way residual-fairseq-train does.
+        source_lang, target_lang = language_pair(data_dir, source_lang, target_lang)
     # TranslationConfig's own defaults, except the few it takes from other config
     # groups by interpolation (which a plain namespace cannot resolve).
     args = argparse.Namespace(**{f.name: f.default for f in fields(TranslationConfig)})

@@ -2,11 +2,13 @@
 import csv
 import dataclasses
 import json
+import math
 from dataclasses import MISSING, asdict
 from pathlib import Path
 from typing import Dict, List
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -56,8 +58,17 @@ def runs_to_dict(runs: List[Run], settings: Dict) -> Dict:
     }
 
 
+# Every number measured is a float32's (or a double computed from float32s): a larger one
+# was not written by analyze, and it overflows matplotlib's axis arithmetic.
+LARGEST_MEASURED = float(np.finfo(np.float32).max)
+
+
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)  # NaN/inf: a diverged run's
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return True  # NaN/inf: a diverged run's
+    return abs(value) <= LARGEST_MEASURED
 
 
 def _is_count(value) -> bool:
@@ -66,7 +77,7 @@ def _is_count(value) -> bool:
 
 def _check_numbers(value, where: str) -> None:
     if not isinstance(value, list) or not all(_is_number(item) for item in value):
-        raise ValueError(f"{where} is not a list of numbers")
+        raise ValueError(f"{where} is not a list of numbers (each NaN, inf or at most {LARGEST_MEASURED:.4g} in size)")
 
 
 def check_report(report) -> None:
@@ -85,6 +96,7 @@ def check_report(report) -> None:
         if run["diverged_at"] is not None and not _is_count(run["diverged_at"]):
             raise ValueError(f"{where}.diverged_at is not an update number")
         _check_numbers(run["train_loss"], f"{where}.train_loss")
+        run_has_dual = None
         if not isinstance(run["measurements"], list) or not run["measurements"]:
             raise ValueError(f"{where}.measurements is not a list of measurements")
         for j, measurement in enumerate(run["measurements"]):
@@ -108,6 +120,27 @@ def check_report(report) -> None:
                 for field, required in fields.items():
                     if required or values.get(field) is not None:
                         _check_numbers(values.get(field), f"{at}.{name}.{field}")
+                _check_layer_counts(values, f"{at}.{name}")
+                # The figures draw a run's dual stream from every measurement once its first has one.
+                has_dual = {values.get(field) is not None for field in DUAL_FIELDS}
+                if len(has_dual) > 1 or has_dual != (run_has_dual or has_dual):
+                    raise ValueError(f"{at}.{name} has {', '.join(DUAL_FIELDS)} unlike the rest of its run")
+                run_has_dual = has_dual
+
+
+# ResiDual's dual stream: measured on every stack of a ResiDual run, and on no other run.
+DUAL_FIELDS = ("dual_norm", "dual_max_abs", "dual_cos_next")
+
+
+def _check_layer_counts(values: Dict, where: str) -> None:
+    """One number per layer (``*_next``: per pair of adjacent layers), as probe.measure gives them."""
+    layers = len(values["param_grad_norm"])
+    if not layers:
+        raise ValueError(f"{where}.param_grad_norm is empty")
+    for field, numbers in values.items():
+        expected = layers - 1 if field.endswith("_next") else layers
+        if numbers is not None and len(numbers) != expected:
+            raise ValueError(f"{where}.{field} has {len(numbers)} numbers for {layers} layers (expected {expected})")
 
 
 def runs_from_dict(report: Dict) -> List[Run]:
@@ -256,8 +289,10 @@ def plot_training(runs, path):
         style.pop("marker")
         axes[0].plot(range(1, len(run.train_loss) + 1), run.train_loss, **style)
         for ax, stack in zip(axes[1:], _stacks(runs)):
-            ratios = [m.stacks[stack].param_grad_norm[0] / m.stacks[stack].param_grad_norm[-1]
-                      for m in run.measurements]
+            # A top layer's gradient of 0 gives inf (not drawn on the log scale); float division would raise.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = [np.divide(m.stacks[stack].param_grad_norm[0], m.stacks[stack].param_grad_norm[-1])
+                          for m in run.measurements]
             ax.plot(run.steps, ratios, marker=".", **style)
     axes[0].set_title("training loss (base 2)")
     axes[0].set_xlabel("update")
