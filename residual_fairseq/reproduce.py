@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
-from .argtypes import check_output_dir, int_at_least, is_finite_number, positive_int, same_file, shell_words
+from .argtypes import (MAX_SEED, check_output_dir, int_at_least, is_finite_number, positive_int, read_regular_file,
+                       same_file, shell_words)
 from .atomic import write_text_atomically
 from .data.pipeline import is_prepare_manifest, read_manifest
 from .errors import UserError, cli_main
@@ -40,14 +41,37 @@ from .errors import UserError, cli_main
 from .evaluate import check_generate_extra_args, evaluate_run
 from .language_models import check_eval_lm_extra_args, eval_lm_command, evaluate_lm
 from .passthrough import refuse_flags
-from .reproduce_report import (dig, how_training_ended, is_language_model, read_finished_runs,
-                               result_from_record, write_reports)
+from .reproduce_report import (_RANGES, _in_range, _is_count, _record_problem, dig, how_training_ended,
+                               is_language_model, read_finished_runs, result_from_record, write_reports)
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .training_log import validation_curve
 from .variants import VARIANTS
 
 RESULT_NAME = "result.json"
 FAILURE_NAME = "failed.json"   # a run that failed: its error, shown in the table; removed by a later success
+RESULT_MAX_BYTES = 1024 * 1024        # evaluation writes a few hundred bytes
+FAILURE_MAX_BYTES = 1024 * 1024
+FAILURE_MAX_CHARS = 500               # a table cell, not a log
+# result.json's keys for the record columns that _record_problem names.
+_RESULT_KEYS = {"test_tok_bleu": "tokenized_bleu.score", "test_bleu": "sacrebleu.score", "test_chrf": "chrf.score",
+                "test_ppl": "perplexity", "test_loss": "loss_base2", "an odd beam": "an odd generation.beam",
+                "sacrebleu_signature": "sacrebleu.signature"}
+
+
+def recordable_validation(point: dict) -> Optional[dict]:
+    """``point`` as --finished-runs reads it back (a bleu out of range becomes None), or None
+    when its loss is not a number it accepts: a diverged validation's nan would otherwise
+    make the best loss depend on where it falls (min() over nan) and runs.json unreadable."""
+    if not (_is_count(point["epoch"]) and _is_count(point["updates"]) and _in_range(point["loss"], *_RANGES["loss"])):
+        return None
+    bleu = point["bleu"] if point["bleu"] is not None and _in_range(point["bleu"], *_RANGES["bleu"]) else None
+    return {**point, "bleu": bleu}
+
+
+def table_cell_text(text: str) -> str:
+    """``text`` on one line without '|', shortened: it goes into a markdown table cell."""
+    text = " ".join("".join(char if char.isprintable() else " " for char in text).split()).replace("|", "/")
+    return text if len(text) <= FAILURE_MAX_CHARS else text[:FAILURE_MAX_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -93,7 +117,8 @@ class Run:
         when it finished elsewhere."""
         if self.from_record:
             return [dict(point) for point in self.record["validations"]]
-        return validation_curve(self.save_dir / train.LOG_NAME)
+        points = (recordable_validation(point) for point in validation_curve(self.save_dir / train.LOG_NAME))
+        return [point for point in points if point is not None]
 
     def ended_by(self) -> Optional[str]:
         """'patience N', 'budget' or None (see reproduce_report.how_training_ended)."""
@@ -105,19 +130,39 @@ class Run:
         """result.json, checked: UserError naming it when it is not what evaluation writes."""
         if self.from_record:
             return result_from_record(self.record)
+        raw = read_regular_file(self.result_path, RESULT_MAX_BYTES, "result file", kind="result.json")
         try:
-            result = json.loads(self.result_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
+            result = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             result, problem = None, f"cannot be read ({err.__class__.__name__})"
         else:
             scores = ((("perplexity",), ("loss_base2",)) if is_language_model(self.dataset)
                       else (("sacrebleu", "score"), ("chrf", "score")))
             missing = [".".join(keys) for keys in scores if not is_finite_number(dig(result, keys))]
-            problem = f"has no numeric {', '.join(missing)}" if missing else None
+            problem = f"has no numeric {', '.join(missing)}" if missing else self._result_problem(result)
         if problem:
             raise UserError(f"{self.result_path} {problem}: it is not a result this tool wrote; "
                             f"delete it to evaluate the run again")
         return result
+
+    def _result_problem(self, result: dict) -> Optional[str]:
+        """What in ``result`` (numbers present) its runs.json record would be refused for by
+        --finished-runs: the same ranges and types, so that no table shows a score a record
+        could not hold, and runs.json always loads again."""
+        record = {"dataset": self.dataset, "variant": self.variant, "layers": self.layers, "seed": self.seed,
+                  "validations": [], "checkpoint": Path(str(result.get("checkpoint", "?"))).name}
+        if is_language_model(self.dataset):
+            record.update(test_ppl=result["perplexity"], test_loss=result["loss_base2"])
+        else:
+            tokenized_bleu = dig(result, ("tokenized_bleu", "score"))  # optional, as run_metrics reads it
+            record.update(test_bleu=result["sacrebleu"]["score"], test_chrf=result["chrf"]["score"],
+                          test_tok_bleu=tokenized_bleu if is_finite_number(tokenized_bleu) else None,
+                          beam=dig(result, ("generation", "beam")),
+                          sacrebleu_signature=dig(result, ("sacrebleu", "signature")))
+        problem = _record_problem(record)
+        for column, key in (_RESULT_KEYS.items() if problem else ()):
+            problem = problem.replace(column, key)
+        return problem
 
     @property
     def label(self) -> str:
@@ -132,10 +177,14 @@ class Run:
         """The error of this run's last attempt, when it failed."""
         if self.finished or not self.failure_path.is_file():
             return None
+        # Read as hostile (anything may sit there): one that is not what reproduce writes says "failed".
         try:
-            return json.loads(self.failure_path.read_text(encoding="utf-8")).get("error", "failed")
-        except (ValueError, UnicodeDecodeError):
+            record = json.loads(read_regular_file(self.failure_path, FAILURE_MAX_BYTES, "failed run record")
+                                .decode("utf-8"))
+        except (UserError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             return "failed"
+        error = record.get("error", "failed") if isinstance(record, dict) else None
+        return (table_cell_text(error) or "failed") if isinstance(error, str) else "failed"
 
 
 def matrix(data: dict, out: Path, variants=None, layers=None, seeds=(1,), finished_elsewhere=None) -> List[Run]:
@@ -447,7 +496,7 @@ def build_parser():
                         help="default: every variant of each dataset's task (language models: post_ln pre_ln resi_dual)")
     parser.add_argument("--layers", nargs="+", action="extend", type=int_at_least(1, configs.MAX_LAYERS),
                         help="depths, any (default: each dataset's shipped depths)")
-    parser.add_argument("--seeds", nargs="+", action="extend", type=int_at_least(0), help="default: 1")
+    parser.add_argument("--seeds", nargs="+", action="extend", type=int_at_least(0, MAX_SEED), help="default: 1")
     parser.add_argument("--out", required=True, help="runs and reports go here")
     parser.add_argument("--finished-runs", nargs="+", action="extend", default=[], metavar="RUNS_JSON",
                         help="runs.json of earlier parts of the matrix (another machine, another --out): "

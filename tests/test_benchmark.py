@@ -87,7 +87,7 @@ def test_depth_benchmark_over_seeds_reports_mean_and_std(toy_data_bin, tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         main([*tiny, "--seeds", "1,x"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().endswith("--seeds '1,x': expected distinct non-negative integers, e.g. 1,2,3")
+    assert capsys.readouterr().err.strip().endswith("--seeds '1,x': expected distinct integers from 0 to 2147483647, e.g. 1,2,3")
 
 
 def test_ratios_are_paired_within_repeats_and_targets_judge_resi_dual():
@@ -117,3 +117,37 @@ def test_bad_data_dir_is_a_one_line_error(tmp_path, capsys):
         main(["speed", "--data", str(tmp_path / "missing")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().startswith("error: --data")
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["speed", "--seed", "99999999999999999999999"], "argument --seed: must be at most 2147483647"),
+    (["depth", "--seeds", "1,99999999999999999999"], "--seeds '1,99999999999999999999': expected distinct integers"),
+    (["depth", "--seeds", "1,01"], "error: --seeds '1,01': 1 is given twice; give each once"),
+    (["depth", "--depths", "1,1"], "error: --depths '1,1': 1 is given twice; give each once"),
+    (["speed", "--variants", "resi_dual,resi_dual"],
+     "error: --variants 'resi_dual,resi_dual': resi_dual is given twice; give each once"),
+    (["speed", "--json", "{data}/dict.en.txt"], "error: --json {data}/dict.en.txt is in --data {data}: write it "
+                                                  "outside the data directory"),
+    (["speed", "--markdown", "{data}/../data/new.md"], "error: --markdown {data}/../data/new.md is in --data {data}"),
+    (["speed", "--json", "{tmp}/link.txt"], "error: --json {tmp}/link.txt is in --data {data}"),
+    (["speed", "--json", "{tmp}/same.out", "--markdown", "{tmp}/./same.out"],
+     "error: --json {tmp}/same.out and --markdown {tmp}/./same.out are one file: give two file names"),
+])
+def test_bad_seeds_repeats_and_outputs_are_refused_before_anything_runs(tmp_path, capsys, argv, error):
+    """Seeds numpy cannot take, a depth/variant/seed given twice (run twice, two rows of one
+    setting), and --json/--markdown that would overwrite the data or each other: one line
+    each, and nothing written (the data directory is never touched)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dict.en.txt").write_text("hello 1\n")
+    (data / "dict.de.txt").write_text("hallo 1\n")
+    (tmp_path / "link.txt").symlink_to(data / "dict.en.txt")
+    places = {"data": data, "tmp": tmp_path}
+    with pytest.raises(SystemExit) as exit_info:
+        main([word.format(**places) for word in argv] + ["--data", str(data)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert error.format(**places) in err[-1] and "Traceback" not in "\n".join(err)
+    assert (data / "dict.en.txt").read_text() == "hello 1\n" and sorted(p.name for p in data.iterdir()) == [
+        "dict.de.txt", "dict.en.txt"]
+    assert not (tmp_path / "same.out").exists()

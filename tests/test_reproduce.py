@@ -323,6 +323,16 @@ def test_jobs_stop_together_on_sigterm(sample_prepared, tmp_path):  # noqa: F811
     ("[1, 2]", "has no numeric sacrebleu.score, chrf.score"),
     ('{"sacrebleu": {"score": "19.8"}, "chrf": {"score": 41.3}}', "has no numeric sacrebleu.score"),
     ('{"sacrebleu": {"score": 19.8}, "chrf": {"score": NaN}}', "has no numeric chrf.score"),
+    # Numbers and fields a runs.json record could not hold (--finished-runs would refuse it).
+    ('{"sacrebleu": {"score": 1e308}, "chrf": {"score": 5}}', "has no sacrebleu.score from 0 to 100"),
+    ('{"sacrebleu": {"score": -1}, "chrf": {"score": 5}}', "has no sacrebleu.score from 0 to 100"),
+    ('{"sacrebleu": {"score": 5}, "chrf": {"score": 101}}', "has no chrf.score from 0 to 100"),
+    ('{"sacrebleu": {"score": 5}, "chrf": {"score": 5}, "tokenized_bleu": {"score": 1e300}}',
+     "has no tokenized_bleu.score from 0 to 100"),
+    ('{"sacrebleu": {"score": 5, "signature": [1]}, "chrf": {"score": 5}}', "has an odd sacrebleu.signature"),
+    ('{"sacrebleu": {"score": 5}, "chrf": {"score": 5}, "generation": {"beam": "zz"}}', "has an odd generation.beam"),
+    ('{"sacrebleu": {"score": 5}, "chrf": {"score": 5}, "checkpoint": "a\\nb.pt"}', "has an odd checkpoint"),
+    pytest.param("[" * 100000, "cannot be read (RecursionError)", id="deeply-nested"),
 ])
 def test_a_result_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, problem):
     """A finished run's result.json feeds every table: one that evaluation did not write
@@ -351,6 +361,62 @@ def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tm
     [record] = json.loads(paths["runs_json"].read_text())
     assert (record["test_bleu"], record["test_tok_bleu"], record["beam"], record["checkpoint"]) == (1.5, None, None, "5")
     assert [point["loss"] for point in record["validations"]] == [4.5]
+
+
+@pytest.mark.parametrize("content, shown", [
+    ("[1]", "failed"), ('"str"', "failed"), ('{"error": 5}', "failed"),
+    (json.dumps({"error": "fairseq-train exited 1:\nline two | three\r\u2028four"}),
+     "fairseq-train exited 1: line two / three four"),
+])
+def test_a_failed_json_that_is_not_ours_is_failed_on_one_table_line(tmp_path, capsys, content, shown):
+    """failed.json is read as hostile: one that is not an object with an error string reads as
+    "failed" (no traceback), and its error never breaks a markdown row (newlines, '|')."""
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
+    run_.save_dir.mkdir(parents=True)
+    run_.failure_path.write_text(content)
+    reproduce.main(["--dataset", "sample-es-en", "--data", str(tmp_path / "bin"), "--variants", "resi_dual",
+                    "--layers", "1", "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"])
+    table = (tmp_path / "out" / "results.md").read_text().splitlines()
+    rows = [line for line in table if line.startswith("| sample-es-en")]
+    assert len(rows) == 1 and rows[0].endswith(f"| seed 1: {shown} |")
+    assert rows[0].count("|") == table[0].count("|")
+    [record] = json.loads((tmp_path / "out" / "runs.json").read_text())
+    assert (record["status"], record["error"]) == ("failed", shown)
+
+
+def test_a_diverged_validation_stays_out_of_runs_json(tmp_path, capsys):
+    """A nan (or inf) validation loss once went into runs.json as NaN (not JSON; --finished-runs
+    refused the file) and made the best loss depend on where it fell: such validations are
+    left out of the curve, a bleu out of range is None, and runs.json loads again."""
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
+    _finished(run_, 12.5, 40.0)
+    (run_.save_dir / "train.log").write_text(
+        'x | INFO | valid | {"epoch": 1, "valid_loss": "nan", "valid_num_updates": "2"}\n'
+        'x | INFO | valid | {"epoch": 2, "valid_loss": "4.5", "valid_bleu": "nan", "valid_num_updates": "4"}\n'
+        'x | INFO | valid | {"epoch": 3, "valid_loss": "inf", "valid_num_updates": "6"}\n'
+        'x | INFO | valid | {"epoch": 4, "valid_loss": "5.5", "valid_bleu": "2.5", "valid_num_updates": "8"}\n'
+        'x | INFO | valid | {"epoch": -1, "valid_loss": "3.5", "valid_num_updates": "10"}\n')
+    argv = ["--dataset", "sample-es-en", "--data", str(tmp_path / "bin"), "--variants", "resi_dual", "--layers", "1",
+            "--seeds", "1", "--report-only"]
+    reproduce.main(argv + ["--out", str(tmp_path / "out")])
+
+    def refuse_constant(name):
+        raise AssertionError(f"{name} in runs.json")
+
+    [record] = json.loads((tmp_path / "out" / "runs.json").read_text(), parse_constant=refuse_constant)
+    assert (record["best_valid_loss"], record["best_epoch"], record["epochs"]) == (4.5, 2, 4)
+    assert record["validations"] == [{"epoch": 2, "updates": 4, "loss": 4.5, "bleu": None},
+                                     {"epoch": 4, "updates": 8, "loss": 5.5, "bleu": 2.5}]
+    shutil.copy(tmp_path / "out" / "runs.json", tmp_path / "part.json")
+    reproduce.main(argv + ["--out", str(tmp_path / "again"), "--finished-runs", str(tmp_path / "part.json")])
+    assert json.loads((tmp_path / "again" / "runs.json").read_text()) == [record]
+
+
+def test_a_seed_fairseq_cannot_take_is_refused_at_once(tmp_path, capsys, seed="4294967296"):
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+                                               "resi_dual", "--layers", "1", "--seeds", seed, "--out",
+                                               tmp_path / "out", "--dry-run"])
+    assert "argument --seeds: must be" in line and not (tmp_path / "out").exists()
 
 
 def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):

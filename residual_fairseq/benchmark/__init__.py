@@ -11,8 +11,10 @@ Two benchmarks over one fairseq-preprocess data directory:
 Python API: :func:`~.speed.run_speed_benchmark`, :func:`~.depth.run_depth_benchmark`.
 """
 import argparse
+from pathlib import Path
 
-from ..argtypes import check_output_file, int_at_least, nonnegative_int, positive_float, positive_int
+from ..argtypes import (MAX_SEED, check_output_file, int_at_least, nonnegative_int, positive_float, positive_int,
+                        same_file)
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import add_verbose_flag
@@ -20,6 +22,13 @@ from ..variants import LM_VARIANTS, VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
 DEFAULT_LM_SIZES = "gpt2_tiny:6,gpt2_tiny:24"  # used when --data is language-model data
+
+
+def refuse_repeats(values, flag: str, text: str) -> None:
+    """A value given twice would be run twice and shown as two rows of one setting."""
+    repeated = next((value for number, value in enumerate(values) if value in values[:number]), None)
+    if repeated is not None:
+        raise UserError(f"{flag} {text!r}: {repeated} is given twice; give each once")
 
 
 def parse_sizes(text, language_model=False):
@@ -62,6 +71,7 @@ def parse_variants(text, language_model=False):
     if unknown or not variants:
         kind = "language models: " if language_model else ""
         raise UserError(f"--variants {text!r}: choose from {kind}{', '.join(allowed)}")
+    refuse_repeats(variants, "--variants", text)
     return variants
 
 
@@ -72,6 +82,7 @@ def parse_depths(text):
         depths = []
     if not depths or min(depths) < 1 or max(depths) > MAX_LAYERS:
         raise UserError(f"--depths {text!r}: expected positive integers up to {MAX_LAYERS}, e.g. 6,12,24")
+    refuse_repeats(depths, "--depths", text)
     return depths
 
 
@@ -80,9 +91,41 @@ def parse_seeds(text):
     if text is None:
         return None
     items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items or not all(item.isdigit() for item in items) or len(set(items)) != len(items):
-        raise UserError(f"--seeds {text!r}: expected distinct non-negative integers, e.g. 1,2,3")
-    return [int(item) for item in items]
+    # isascii: str.isdigit also takes digits int() refuses ("²") or reads otherwise ("٣").
+    if not items or not all(item.isascii() and item.isdigit() and int(item) <= MAX_SEED for item in items):
+        raise UserError(f"--seeds {text!r}: expected distinct integers from 0 to {MAX_SEED}, e.g. 1,2,3")
+    seeds = [int(item) for item in items]
+    refuse_repeats(seeds, "--seeds", text)
+    return seeds
+
+
+def check_outputs(data, json_path=None, markdown_path=None) -> None:
+    """Refuse --json/--markdown paths that cannot be written, that would overwrite the data
+    the benchmark reads (a file in --data, or one linked to it), or that name one file:
+    the markdown would replace the JSON record."""
+    outputs = [(flag, Path(path)) for path, flag in ((json_path, "--json"), (markdown_path, "--markdown")) if path]
+    for flag, path in outputs:
+        check_output_file(path, flag)
+    if len(outputs) == 2 and same_file(outputs[0][1], outputs[1][1]):
+        raise UserError(f"--json {json_path} and --markdown {markdown_path} are one file: give two file names")
+    data = Path(data)
+    try:
+        data_files = [entry for entry in data.iterdir() if entry.is_file()] if data.is_dir() else []
+    except OSError:  # unreadable: loading the data says so
+        data_files = []
+    try:
+        data_dir = data.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: loading the data says so
+        data_dir = None
+    for flag, path in outputs:
+        try:  # resolved: "DATA/../x.json" is not in DATA, "link-to-DATA/x.json" is
+            inside = data_dir is not None and data_dir in path.resolve().parents
+        except (OSError, RuntimeError):
+            inside = False
+        linked = next((entry for entry in data_files if same_file(path, entry)), None)
+        if inside or linked is not None:
+            where = f"is in --data {data}" if inside else f"would overwrite {linked} of --data"
+            raise UserError(f"{flag} {path} {where}: write it outside the data directory")
 
 
 def build_parser():
@@ -101,7 +144,7 @@ def build_parser():
         sub.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                          help="fp16/bf16: torch.autocast mixed precision (fp16 on CUDA only)")
         sub.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-        sub.add_argument("--seed", type=nonnegative_int, default=1)
+        sub.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=1)
         sub.add_argument("--json", default=None, help="write the full record (every run) here")
         sub.add_argument("--markdown", default=None, help="write the table as markdown here")
         add_verbose_flag(sub)
@@ -139,9 +182,7 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    for path, flag in ((args.json, "--json"), (args.markdown, "--markdown")):
-        if path:
-            check_output_file(path, flag)
+    check_outputs(args.data, args.json, args.markdown)
     if args.command == "depth" and args.width % 4:
         raise UserError(f"--width {args.width} must be divisible by the 4 attention heads")
     # Imported after parsing, so that bad options fail before the runs set anything up.
