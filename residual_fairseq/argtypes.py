@@ -65,6 +65,18 @@ def finite_float(text):
     return value
 
 
+# A length penalty is the exponent of (length + 1): beyond this, the scores overflow (1e308
+# was an OverflowError traceback); fairseq's recipes use 0.6-2.
+MAX_LENPEN = 100.0
+
+
+def length_penalty(text):
+    value = finite_float(text)
+    if abs(value) > MAX_LENPEN:
+        raise argparse.ArgumentTypeError(f"must be from -{MAX_LENPEN:g} to {MAX_LENPEN:g}, got {text}")
+    return value
+
+
 def positive_float(text):
     value = finite_float(text)
     if value <= 0:

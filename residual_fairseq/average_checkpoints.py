@@ -18,6 +18,7 @@ import argparse
 import collections
 import os
 import re
+import stat
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -178,10 +179,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_replacing_a_non_checkpoint(output: Path) -> None:
+    """An existing --output is replaced only when it is a checkpoint (an earlier average):
+    anything else there is a file of the user's that a typo would destroy."""
+    try:
+        if not output.exists():
+            return
+        if stat.S_ISREG(output.stat().st_mode):
+            with open(output, "rb") as handle:
+                if handle.read(4) == b"PK\x03\x04":  # a torch checkpoint's zip archive
+                    return
+    except OSError:
+        pass
+    raise UserError(f"--output {output} exists and is not a checkpoint: averaging would replace it; "
+                    "choose another file")
+
+
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
     check_output_file(args.output, "--output")
+    refuse_replacing_a_non_checkpoint(Path(args.output))
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is None and args.checkpoint_upper_bound is not None:
         raise UserError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")

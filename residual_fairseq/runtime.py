@@ -186,10 +186,14 @@ def threads_note(threads: int, source: str) -> str:
     return f"note: {threads} CPU thread{'s' if threads != 1 else ''} ({source}; --threads N or {THREADS_ENV}=N to change)"
 
 
-def add_threads_flag(parser):
-    from .argtypes import positive_int
+MAX_THREADS = 1024
 
-    parser.add_argument("--threads", type=positive_int, default=None,
+
+def add_threads_flag(parser):
+    from .argtypes import int_at_least
+
+    # (torch refuses more than it can count, and each thread reserves memory: 99999 ran out of it)
+    parser.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=None,
                         help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else half the cores)")
 
 

@@ -34,6 +34,10 @@ def test_numbers_out_of_range_fail_at_parse_time(capsys, toy_data_bin, tmp_path)
         (translate.main, [ckpt, "--input", line, "--beam", "0"], "argument --beam: must be at least 1, got 0"),
         (translate.main, [ckpt, "--input", line, "--batch-lines", "0"], "argument --batch-lines: must be at least 1"),
         (translate.main, [ckpt, "--input", line, "--threads", "0"], "argument --threads: must be at least 1"),
+        (translate.main, [ckpt, "--input", line, "--threads", "99999"], "argument --threads: must be at most 1024"),
+        (translate.main, [ckpt, "--input", line, "--lenpen", "1e308"], "argument --lenpen: must be from -100 to 100"),
+        (evaluate.main, [ckpt, toy_data_bin, "--lenpen=-1e9"], "argument --lenpen: must be from -100 to 100"),
+        (benchmark.main, ["speed", "--data", toy_data_bin, "--threads", "10**9"], "argument --threads: expected"),
         (train.main, train_args(toy_data_bin, tmp_path / "ck", "--layers", "0"), "argument --layers: must be at least 1"),
         (train.main, train_args(toy_data_bin, tmp_path / "ck", "--layers", "1000000"), "must be at most 1000"),
         (train.main, train_args(toy_data_bin, tmp_path / "ck", "--nprocs", "0"), "argument --nprocs: must be at least 1"),
@@ -109,6 +113,22 @@ def test_averaging_into_one_of_its_inputs_is_refused(capsys, trained_tiny, tmp_p
     line = user_error(capsys, average_checkpoints.main, ["--inputs", last, save_dir / "checkpoint_best.pt",
                                                          "--output", last])
     assert "is one of the checkpoints being averaged" in line and last.read_bytes() == before
+
+
+def test_averaging_never_replaces_a_file_that_is_not_a_checkpoint(capsys, trained_tiny, tmp_path):
+    """An earlier average is replaced; a file of the user's (a typo in --output) is refused."""
+    _, save_dir, _ = trained_tiny
+    inputs = ["--inputs", save_dir / "checkpoint_last.pt", save_dir / "checkpoint_best.pt"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    line = user_error(capsys, average_checkpoints.main, inputs + ["--output", notes], only_line=True)
+    assert line == (f"error: --output {notes} exists and is not a checkpoint: averaging would replace it; "
+                    "choose another file")
+    assert notes.read_text() == "mine"
+    earlier = tmp_path / "avg.pt"
+    average_checkpoints.main([str(a) for a in inputs + ["--output", earlier]])
+    average_checkpoints.main([str(a) for a in inputs + ["--output", earlier]])  # an earlier average: replaced
+    assert earlier.read_bytes()[:4] == b"PK\x03\x04"
 
 
 def test_failed_evaluate_rerun_keeps_the_earlier_result_and_its_files(trained_tiny, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from ..argtypes import (MAX_SEED, check_output_file, int_at_least, nonnegative_i
                         same_file)
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
-from ..runtime import add_verbose_flag
+from ..runtime import MAX_THREADS, add_verbose_flag
 from ..variants import LM_VARIANTS, VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
@@ -143,7 +143,7 @@ def build_parser():
         sub.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
         sub.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                          help="fp16/bf16: torch.autocast mixed precision (fp16 on CUDA only)")
-        sub.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+        sub.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=None, help="torch CPU threads")
         sub.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=1)
         sub.add_argument("--json", default=None, help="write the full record (every run) here")
         sub.add_argument("--markdown", default=None, help="write the table as markdown here")
