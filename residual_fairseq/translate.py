@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
-from .argtypes import finite_float, int_at_least, positive_int, read_user_lines, decode_user_text, split_lines
+from .argtypes import int_at_least, length_penalty, positive_int, read_user_lines, decode_user_text, split_lines
 from .data.binarized import dictionary_segmentation
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
@@ -197,6 +197,8 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         overrides.update(subword_options(bpe, {"sentencepiece": sentencepiece_model,
                                                "subword_nmt": bpe_codes}.get(bpe)))
     hub = load_hub(checkpoint, data, state=state, bpe=bpe, tokenizer=tokenizer, **overrides)
+    decode_with_defaults(hub.cfg, overrides)
+    refuse_non_finite_weights(hub.models, checkpoint)
     if cpu is None:
         import torch
 
@@ -205,6 +207,36 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         hub.cuda()
     hub.eval()
     return Translator(hub)
+
+
+def refuse_non_finite_weights(models, checkpoint) -> None:
+    """A diverged run's weights (NaN/inf) give NaN scores, which fairseq's beam search meets
+    with an assertion deep inside it: say so once, on loading."""
+    import torch
+
+    for model in models:
+        for name, weights in model.named_parameters():
+            if not torch.isfinite(weights).all():
+                raise UserError(f"checkpoint {checkpoint} holds NaN or infinite weights ({name}): a diverged "
+                                "run's, which cannot translate")
+
+
+def decode_with_defaults(cfg, overrides) -> None:
+    """How to decode is the caller's choice, not the checkpoint's: fairseq's hub decodes with the
+    generation settings and batch limits stored in it, where sampling, a temperature of 0,
+    constraints, NaN lengths or ``max_tokens=1`` change or break every translation. Reset them to
+    fairseq's defaults, then apply the caller's own ``overrides``."""
+    from fairseq.dataclass.configs import GenerationConfig
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(cfg):
+        cfg.generation = OmegaConf.structured(GenerationConfig)
+        for name in ("max_tokens", "batch_size"):
+            cfg.dataset[name] = None
+        for name, value in overrides.items():
+            for section in (cfg.generation, cfg.dataset):
+                if name in section:
+                    section[name] = value
 
 
 def load_hub(checkpoint, data, state=None, **overrides):
@@ -237,7 +269,7 @@ def build_parser():
     parser.add_argument("--tokenizer", choices=["moses", "none"], default="none",
                         help="moses when the training data were Moses-tokenized")
     parser.add_argument("--beam", type=int_at_least(1, MAX_BEAM), default=5)
-    parser.add_argument("--lenpen", type=finite_float, default=1.0)
+    parser.add_argument("--lenpen", type=length_penalty, default=1.0)
     parser.add_argument("--batch-lines", type=positive_int, default=64, help="lines translated per batch (default: 64)")
     parser.add_argument("--cpu", action="store_true", default=None)
     add_threads_flag(parser)

@@ -152,3 +152,29 @@ def test_sentencepiece_round_trip_on_the_sample_corpus(tmp_path_factory):
 
     translator = translate.load_translator(save_dir / "checkpoint_best.pt", prepared / "bin", cpu=True)
     assert translator.translate(raw_sources[:6], max_len_b=20) == hypotheses[:6]
+
+
+@pytest.mark.parametrize("section, name, value", [
+    ("generation", "sampling", True), ("generation", "temperature", 0.0), ("generation", "diverse_beam_groups", 2),
+    ("generation", "constraints", "ordered"), ("generation", "min_len", 100000),
+    ("generation", "max_len_a", float("nan")), ("dataset", "max_tokens", 1),
+])
+def test_decoding_settings_stored_in_a_checkpoint_are_not_used(toy_run, toy_data_bin, tmp_path, section, name,
+                                                              value):
+    """How to decode is the caller's choice: a checkpoint's stored generation settings changed
+    the output (sampling) or broke every translation (a traceback from fairseq)."""
+    checkpoint, sources, generated = toy_run
+    state = torch.load(checkpoint, weights_only=True)
+    state["cfg"][section][name] = value
+    torch.save(state, tmp_path / "stored.pt")
+    stored = translate.load_translator(tmp_path / "stored.pt", toy_data_bin, cpu=True)
+    assert stored.translate(sources[:4], beam=5, max_len_b=MAX_LEN_B) == generated[:4]
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_on_loading(toy_run, toy_data_bin, tmp_path):
+    state = torch.load(toy_run[0], weights_only=True)
+    name = next(name for name in state["model"] if name.endswith("fc1.weight"))
+    state["model"][name] = torch.full_like(state["model"][name], float("nan"))
+    torch.save(state, tmp_path / "diverged.pt")
+    with pytest.raises(translate.UserError, match=f"holds NaN or infinite weights \\({re.escape(name)}\\)"):
+        translate.load_translator(tmp_path / "diverged.pt", toy_data_bin, cpu=True)
