@@ -407,6 +407,14 @@ def check_fairseq_layout(state, path) -> None:
     if state.get("extra_state") is not None:  # (holds tensors: fairseq's metrics)
         _check_plain_config(state["extra_state"], "extra_state", path, leaves_checked=False)
     check_named_files(state, path)
+    # Translation models and language models always store their token embeddings; without them
+    # the config's sizes could not be checked against the weights (check_config_fits_weights),
+    # and fairseq would build whatever the config asks (an FFN of 10^8 units) before comparing.
+    task, _, _ = checkpoint_task(state)
+    if task in ("translation", "language_modeling") and "fsdp_metadata" not in state \
+            and not isinstance(model.get("decoder.embed_tokens.weight"), torch.Tensor):
+        raise CheckpointError(f"{malformed}: it holds no decoder.embed_tokens.weight (a translation or language "
+                              "model always stores its token embeddings)")
     try:
         check_config_strings(config, "args" if args is not None else "cfg")
     except CodeInConfigError as err:

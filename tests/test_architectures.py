@@ -53,3 +53,15 @@ def test_baseline_parameter_count(variant, extra):
     if extra is None:  # Admin: one omega vector per sublayer (2 per encoder layer, 3 per decoder layer)
         extra = (2 * 2 + 3 * 3) * model.encoder.embed_tokens.embedding_dim
     assert count(model) == count(post_ln) + extra
+
+
+@pytest.mark.parametrize("option, value", [("dual_scale_encoder", 1e-200), ("dual_scale_decoder", 1e7),
+                                           ("main_alpha_encoder", 1e300), ("main_alpha_decoder", 1e-9)])
+def test_dual_stream_numbers_that_overflow_or_underflow_are_refused(option, value):
+    """s scales LN_final's epsilon by s^2 (1e-200 underflows it to 0, and the output is NaN);
+    an alpha of 1e300 overflows the scores: such a model (e.g. from a crafted checkpoint)
+    only ever decoded into a traceback."""
+    from residual_fairseq.models.resi_dual import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=f"--{option.replace('_', '-')} must be from 1e-06 to 1e\\+06"):
+        build_model("resi_dual", **{option: value})

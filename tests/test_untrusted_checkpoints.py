@@ -158,6 +158,12 @@ def catalogue(real, marker, tmp_path_factory):
     nested_extra["extra_state"]["deep"] = deep
     save("extra_state_nested_too_deep", nested_extra, "extra_state is nested more than 32 levels deep")
 
+    # without token embeddings the config's sizes cannot be checked: here an FFN of 2**17 units
+    no_embeddings = with_model_options(good, encoder_ffn_embed_dim=2 ** 17, decoder_ffn_embed_dim=2 ** 17)
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        no_embeddings["model"].pop(name, None)
+    save("no_token_embeddings", no_embeddings, "holds no decoder.embed_tokens.weight")
+
     # pickle payloads
     reduce_payload = copy.deepcopy(good)
     reduce_payload["extra_state"]["metrics"] = RunsCodeWhenUnpickled(marker)
@@ -235,7 +241,8 @@ CASES = [
     "cfg_adaptive_softmax_cutoff", "cfg_fconv_encoder_layers", "cfg_lstm_decoder_attention",
     "cfg_task_left_pad_source", "args_adaptive_softmax_cutoff", "args_fconv_decoder_layers",
     "args_xformers_att_config", "cfg_interpolation", "cfg_bpe_names_a_pipe", "cfg_bpe_names_a_url",
-    "args_bpe_names_a_url", "cfg_nested_too_deep", "extra_state_nested_too_deep", "pickle_reduce", "pickle_numpy_object_array",
+    "args_bpe_names_a_url", "cfg_nested_too_deep", "extra_state_nested_too_deep", "no_token_embeddings",
+    "pickle_reduce", "pickle_numpy_object_array",
     "pickle_legacy_format", "zip_not_torch", "truncated", "empty_dict", "a_list", "no_model", "model_a_list",
     "unexpected_entry", "cfg_a_string", "args_a_dict", "cfg_model_a_list", "storage_key_dotdot",
     "record_name_dotdot", "storage_record_short", "bomb_stride_zero", "bomb_many_views",

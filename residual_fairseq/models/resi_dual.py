@@ -87,9 +87,18 @@ OFFICIAL_OPTION_NAMES = {
 DUAL_STREAM_OPTIONS = tuple(OFFICIAL_OPTION_NAMES.values())
 
 
+# s scales LN_final's epsilon by s^2 (1e-7 s^2 underflows float32 below s ~ 1e-19, and the output
+# turns NaN); an alpha or s far from 1 overflows the scores long before that. No use of either
+# (the paper: s = 0.05, alpha = 1) comes near these bounds.
+DUAL_STREAM_RANGE = (1e-6, 1e6)
+
+
 def _check_number(name: str, value) -> float:
     if not is_finite_number(value) or value <= 0:
         raise ModelConfigError(f"--{name.replace('_', '-')} must be a finite positive number, got {value!r}")
+    low, high = DUAL_STREAM_RANGE
+    if not low <= value <= high:
+        raise ModelConfigError(f"--{name.replace('_', '-')} must be from {low:g} to {high:g}, got {value!r}")
     return float(value)
 
 
