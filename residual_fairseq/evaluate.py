@@ -28,6 +28,7 @@ CLI::
 """
 import argparse
 import contextlib
+import glob
 import json
 import os
 import re
@@ -40,9 +41,9 @@ from typing import Optional, Sequence
 
 from . import USER_DIR
 from . import average_checkpoints as averaging
-from .argtypes import (check_output_file, finite_float, int_at_least, positive_int, read_user_lines, same_file,
+from .argtypes import (check_output_file, int_at_least, length_penalty, positive_int, read_user_lines, same_file,
                        shell_words)
-from .atomic import atomic_output
+from .atomic import atomic_output, process_alive
 from .average_checkpoints import average_last_checkpoints
 from .data.binarized import SENTENCEPIECE_MARK, check_split, dictionary_segmentation
 from .errors import UserError, cli_main
@@ -52,6 +53,7 @@ from .runtime import (
 )
 from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations
+from .train import die_with_the_driver
 
 # fairseq-generate's --remove-bpe value for each way the data may be segmented; the
 # data pipeline's method names (bpe, spm-bpe, spm-unigram) are accepted too.
@@ -193,7 +195,10 @@ def run_generate(command, output_path, threads=None, log_path=None):
     env = thread_environment(threads) if threads else None
     with atomic_output(output_path) as tmp, open(tmp, "w") as stdout, open(log_path, "w") as log:
         try:
-            returncode = subprocess.run(command, stdout=stdout, stderr=log, env=env).returncode
+            # die_with_the_driver: killed with us (SIGTERM, SIGKILL), fairseq-generate would go on
+            # writing into a staging file nobody reads
+            returncode = subprocess.run(command, stdout=stdout, stderr=log, env=env,
+                                        preexec_fn=die_with_the_driver()).returncode
         except FileNotFoundError:
             raise UserError(f"{command[0]} not found: is fairseq installed in this environment?")
         if returncode != 0:
@@ -481,6 +486,7 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     # moved into place together with the new JSON, only once everything has succeeded.
     staged = {role: Path(f"{files[role]}.partial-{os.getpid()}")
               for role in ("generate_output", "generate_log", "hypotheses", "averaged") if role in files}
+    remove_abandoned_staging(files[role] for role in staged)
     try:
         if last_n:
             averaging.save_checkpoint_atomically(averaging.average_checkpoints(sources), staged["averaged"])
@@ -538,6 +544,19 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     return result
 
 
+def remove_abandoned_staging(outputs) -> None:
+    """Remove what an evaluation of the same outputs left when it was killed (SIGKILL, or SIGTERM,
+    which ends Python without cleanup): ``OUT.partial-PID`` and its temporaries, for a PID that
+    no longer runs. Nothing else is touched."""
+    for output in map(Path, outputs):
+        name = re.compile(rf"\.?{re.escape(output.name)}\.partial-(\d+)(\..+\.tmp)?")
+        for entry in output.parent.glob(f"*{glob.escape(output.name)}.partial-*"):
+            match = name.fullmatch(entry.name)
+            if match and entry.is_file() and not entry.is_symlink() and not process_alive(int(match[1])):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
 def write_json(result, path):
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         json.dump(result, out, indent=2, ensure_ascii=False)
@@ -578,7 +597,7 @@ def build_parser():
     parser.add_argument("--update-based", action="store_true",
                         help="with --last-n: average checkpoint_E_U.pt (update) checkpoints instead of epochs")
     parser.add_argument("--beam", type=int_at_least(1, 1000), default=5)
-    parser.add_argument("--lenpen", type=finite_float, default=1.0)
+    parser.add_argument("--lenpen", type=length_penalty, default=1.0)
     parser.add_argument("--max-tokens", type=positive_int, default=4096)
     parser.add_argument("--batch-size", type=positive_int)
     parser.add_argument("--subword", choices=sorted(REMOVE_BPE),

@@ -1,6 +1,7 @@
 """Evaluation: checkpoint averaging, fairseq-generate wiring, BLEU/chrF scoring."""
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -384,3 +385,40 @@ def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_
     # An explicit --subword wins; unmarked data need none.
     assert evaluate.resolve_subword("none", prepared / "bin") == ("none", "--subword")
     assert evaluate.resolve_subword(None, toy_data_bin) == (None, None)
+
+
+def test_a_killed_evaluation_takes_fairseq_generate_with_it(tmp_path):
+    """SIGTERM ends Python without cleanup: its fairseq-generate must not go on writing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = (f"from residual_fairseq.evaluate import run_generate\n"
+              f"run_generate(['sh', '-c', 'echo $$ > {pid_file}; exec sleep 60'], r'{tmp_path / 'out.txt'}')\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    driver.send_signal(signal.SIGTERM)
+    driver.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and \
+            open(f"/proc/{child}/stat").read().split()[2] != "Z":
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+
+
+def test_staging_files_of_a_killed_evaluation_are_removed_by_the_next(tmp_path):
+    from residual_fairseq.evaluate import remove_abandoned_staging
+
+    out = tmp_path / "r.generate.txt"
+    dead, alive = 999999999, os.getpid()
+    left = [tmp_path / f"r.generate.txt.partial-{dead}", tmp_path / f".r.generate.txt.partial-{dead}.host-{dead}.x.tmp"]
+    kept = [tmp_path / f"r.generate.txt.partial-{alive}", tmp_path / "r.generate.txt.partial-notes", out]
+    for path in left + kept:
+        path.write_text("x")
+    remove_abandoned_staging([out])
+    assert not any(path.exists() for path in left) and all(path.exists() for path in kept)
