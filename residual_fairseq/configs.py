@@ -323,6 +323,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.flags:
         dataset, variant, layers = args.flags
+        if not (layers.isascii() and layers.isdigit()):
+            raise UserError(f"--flags LAYERS must be a whole number, got {layers!r}")
         settings = load(dataset, variant, int(layers), {"task": {"data": "DATA"}, "common": {"user_dir": "PLUGIN"}})
         print(shlex.join(fairseq_train_args(settings)))
     elif args.write or args.check:

@@ -514,6 +514,26 @@ def refuse_links_in_save_dir(save_dir) -> None:
                             "link; remove it, or choose another --save-dir")
 
 
+def refuse_resuming_another_model(request: TrainRequest, train_plan: TrainPlan) -> None:
+    """fairseq would resume SAVE_DIR's checkpoint_last.pt into the model asked for (and fail on
+    the first mismatched weight), after run.json had been rewritten to describe the new model:
+    refuse first, naming both, while run.json still describes the checkpoints."""
+    save_dir = Path(request.save_dir)
+    if not (save_dir / "checkpoint_last.pt").is_file():
+        return
+    from .argtypes import read_regular_file
+
+    try:
+        record = json.loads(read_regular_file(save_dir / RUN_RECORD_NAME, 1 << 20, "run record"))
+    except (UserError, ValueError, RecursionError):
+        return  # none, or not ours: fairseq's own check on loading decides
+    stored = record.get("name") if isinstance(record, dict) else None
+    asked = run_name(request.variant, train_plan.model or effective_model(train_plan.settings, request.extra_args))
+    if isinstance(stored, str) and stored != asked:
+        raise UserError(f"--save-dir {save_dir} holds checkpoints of a {stored[:80]!r} run (its run.json), and "
+                        f"fairseq would resume them as {asked}: choose another --save-dir")
+
+
 def die_with_the_driver():
     """``preexec_fn`` for fairseq-train: the kernel SIGKILLs it when the driver dies, even by SIGKILL."""
     driver = os.getpid()
@@ -704,6 +724,7 @@ def train(request: TrainRequest, dry_run: bool = False) -> TrainPlan:
     if dry_run:
         return train_plan
     refuse_links_in_save_dir(request.save_dir)
+    refuse_resuming_another_model(request, train_plan)
     with save_dir_lock(request.save_dir) as lock_fd:
         point = resume_point(request.save_dir)
         environment = {}

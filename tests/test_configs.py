@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import CLI_ENV, USER_DIR, fairseq_cli, run
+from helpers import CLI_ENV, USER_DIR, fairseq_cli, run, user_error
 from residual_fairseq import configs
 from residual_fairseq.errors import UserError
 from residual_fairseq.variants import arch_name, toy_dictionary, variant_overrides
@@ -183,3 +183,8 @@ def test_committed_yaml_trains_with_fairseq_hydra_train(toy_data_bin, tmp_path):
     assert "num_updates=2" in output.replace(" ", "").replace("|", "") or "num_updates 2" in output
     assert (save_dir / "checkpoint_last.pt").is_file()
     assert (save_dir / ".hydra" / "config.yaml").is_file()  # hydra.run.dir follows checkpoint.save_dir
+
+
+def test_flags_with_layers_that_are_not_a_number_is_one_line(capsys):
+    line = user_error(capsys, configs.main, ["--flags", "sample-es-en", "resi_dual", "nan"], only_line=True)
+    assert line == "error: --flags LAYERS must be a whole number, got 'nan'"

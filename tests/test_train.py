@@ -362,3 +362,18 @@ def test_a_seed_numpy_cannot_take_is_refused_when_parsed(capsys, toy_data_bin, t
                     "--save-dir", str(tmp_path / "save"), "--seed", str(2 ** 31)])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().endswith("argument --seed: must be at most 2147483647, got 2147483648")
+
+
+def test_resuming_a_save_dir_as_another_model_is_refused_and_its_record_kept(capsys, toy_data_bin, tmp_path):
+    """fairseq would load the checkpoints into the other model and fail, after run.json had been
+    rewritten to describe a model the checkpoints are not."""
+    save_dir = tmp_path / "save"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(b"never read")
+    record = json.dumps({"name": "resi_dual-1l", "variant": "resi_dual", "layers": 1})
+    (save_dir / "run.json").write_text(record)
+    line = user_error(capsys, train.main, ["--dataset", "sample-es-en", "--variant", "post_ln", "--layers", "2",
+                                           "--data", toy_data_bin, "--save-dir", save_dir])
+    assert line == (f"error: --save-dir {save_dir} holds checkpoints of a 'resi_dual-1l' run (its run.json), and "
+                    "fairseq would resume them as post_ln-2l: choose another --save-dir")
+    assert (save_dir / "run.json").read_text() == record
