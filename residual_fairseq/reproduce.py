@@ -41,8 +41,8 @@ from .errors import UserError, cli_main
 from .evaluate import check_generate_extra_args, evaluate_run
 from .language_models import check_eval_lm_extra_args, eval_lm_command, evaluate_lm
 from .passthrough import refuse_flags
-from .reproduce_report import (_RANGES, _in_range, _is_count, _record_problem, dig, how_training_ended,
-                               is_language_model, read_finished_runs, result_from_record, write_reports)
+from .reproduce_report import (RECORD_RANGES, dig, how_training_ended, in_range, is_count, is_language_model,
+                               read_finished_runs, record_problem, result_from_record, write_reports)
 from .runtime import add_threads_flag, add_verbose_flag, available_cores
 from .training_log import validation_curve
 from .variants import VARIANTS
@@ -52,7 +52,7 @@ FAILURE_NAME = "failed.json"   # a run that failed: its error, shown in the tabl
 RESULT_MAX_BYTES = 1024 * 1024        # evaluation writes a few hundred bytes
 FAILURE_MAX_BYTES = 1024 * 1024
 FAILURE_MAX_CHARS = 500               # a table cell, not a log
-# result.json's keys for the record columns that _record_problem names.
+# result.json's keys for the record columns that record_problem names.
 _RESULT_KEYS = {"test_tok_bleu": "tokenized_bleu.score", "test_bleu": "sacrebleu.score", "test_chrf": "chrf.score",
                 "test_ppl": "perplexity", "test_loss": "loss_base2", "an odd beam": "an odd generation.beam",
                 "sacrebleu_signature": "sacrebleu.signature"}
@@ -62,9 +62,9 @@ def recordable_validation(point: dict) -> Optional[dict]:
     """``point`` as --finished-runs reads it back (a bleu out of range becomes None), or None
     when its loss is not a number it accepts: a diverged validation's nan would otherwise
     make the best loss depend on where it falls (min() over nan) and runs.json unreadable."""
-    if not (_is_count(point["epoch"]) and _is_count(point["updates"]) and _in_range(point["loss"], *_RANGES["loss"])):
+    if not (is_count(point["epoch"]) and is_count(point["updates"]) and in_range(point["loss"], *RECORD_RANGES["loss"])):
         return None
-    bleu = point["bleu"] if point["bleu"] is not None and _in_range(point["bleu"], *_RANGES["bleu"]) else None
+    bleu = point["bleu"] if point["bleu"] is not None and in_range(point["bleu"], *RECORD_RANGES["bleu"]) else None
     return {**point, "bleu": bleu}
 
 
@@ -159,7 +159,7 @@ class Run:
                           test_tok_bleu=tokenized_bleu if is_finite_number(tokenized_bleu) else None,
                           beam=dig(result, ("generation", "beam")),
                           sacrebleu_signature=dig(result, ("sacrebleu", "signature")))
-        problem = _record_problem(record)
+        problem = record_problem(record)
         for column, key in (_RESULT_KEYS.items() if problem else ()):
             problem = problem.replace(column, key)
         return problem

@@ -140,34 +140,34 @@ _VALIDATION_KEYS = {"epoch", "updates", "loss", "bleu"}
 # What each number of a record may be, (low, high): scores as the tools report them;
 # losses in bits per token (anything above 100 is no trained model's). The bounds also
 # keep means, variances and 2 ** loss within floating point.
-_RANGES = {"test_bleu": (0, 100), "test_chrf": (0, 100), "test_tok_bleu": (0, 100), "test_ppl": (1, 2 ** 100),
-           "test_loss": (0, 100), "loss": (0, 100), "bleu": (0, 100)}
+RECORD_RANGES = {"test_bleu": (0, 100), "test_chrf": (0, 100), "test_tok_bleu": (0, 100), "test_ppl": (1, 2 ** 100),
+                 "test_loss": (0, 100), "loss": (0, 100), "bleu": (0, 100)}
 _COUNT_MAX = 10 ** 12
 
 
-def _in_range(value, low, high) -> bool:
+def in_range(value, low, high) -> bool:
     return is_finite_number(value) and low <= value <= high
 
 
-def _is_count(value, low=0, high=_COUNT_MAX) -> bool:
+def is_count(value, low=0, high=_COUNT_MAX) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _record_problem(record: dict) -> Optional[str]:
+def record_problem(record: dict) -> Optional[str]:
     """What makes a finished run's record unlike run_record's, or None."""
     if not (isinstance(record.get("dataset"), str) and record["dataset"] in configs.DATASETS):
         return "names no known dataset"
     if not (isinstance(record.get("variant"), str) and record["variant"] in VARIANTS):
         return "names no known variant"
-    if not _is_count(record.get("layers"), 1, configs.MAX_LAYERS):
+    if not is_count(record.get("layers"), 1, configs.MAX_LAYERS):
         return f"has no depth (layers) from 1 to {configs.MAX_LAYERS}"
-    if not _is_count(record.get("seed"), 0, 2 ** 63 - 1):
+    if not is_count(record.get("seed"), 0, 2 ** 63 - 1):
         return "has no whole-number seed"
     scores = [column for column, _ in metrics_for(record["dataset"]) if column.startswith("test_")]
     required = ("test_ppl", "test_loss") if is_language_model(record["dataset"]) else ("test_bleu", "test_chrf")
     for column in scores:
-        if not (_in_range(record.get(column), *_RANGES[column]) or (column not in required and record.get(column) is None)):
-            low, high = _RANGES[column]
+        if not (in_range(record.get(column), *RECORD_RANGES[column]) or (column not in required and record.get(column) is None)):
+            low, high = RECORD_RANGES[column]
             return f"has no {column} from {low} to {high:.4g}"
     ended_by = record.get("ended_by")
     if ended_by is not None and not (isinstance(ended_by, str) and _ENDED_BY.fullmatch(ended_by)):
@@ -180,16 +180,16 @@ def _record_problem(record: dict) -> Optional[str]:
     signature = record.get("sacrebleu_signature")
     if signature is not None and not (isinstance(signature, str) and len(signature) <= 300 and signature.isprintable()):
         return "has an odd sacrebleu_signature"
-    if record.get("beam") is not None and not _is_count(record["beam"], 1, 1000):
+    if record.get("beam") is not None and not is_count(record["beam"], 1, 1000):
         return "has an odd beam"
     validations = record.get("validations")
     if not isinstance(validations, list):
         return "has no list of validations"
     for point in validations:
         if not (isinstance(point, dict) and set(point) == _VALIDATION_KEYS
-                and _is_count(point["epoch"]) and _is_count(point["updates"])
-                and _in_range(point["loss"], *_RANGES["loss"])
-                and (point["bleu"] is None or _in_range(point["bleu"], *_RANGES["bleu"]))):
+                and is_count(point["epoch"]) and is_count(point["updates"])
+                and in_range(point["loss"], *RECORD_RANGES["loss"])
+                and (point["bleu"] is None or in_range(point["bleu"], *RECORD_RANGES["bleu"]))):
             return "has a validation that is not {epoch, updates, loss from 0 to 100, bleu}"
     return None
 
@@ -214,7 +214,7 @@ def read_finished_runs(paths) -> dict:
         for number, record in enumerate(records, 1):
             if record.get("status") not in FINISHED_STATUSES:
                 continue
-            problem = _record_problem(record)
+            problem = record_problem(record)
             if problem:
                 raise UserError(f"{path}: run {number} {problem}: it is not a record residual-fairseq-reproduce wrote")
             key = (record["dataset"], record["variant"], record["layers"], record["seed"])
