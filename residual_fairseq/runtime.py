@@ -149,7 +149,11 @@ def default_threads():
     """(threads, where the number came from) when no ``--threads`` is given."""
     for variable in (THREADS_ENV, "OMP_NUM_THREADS"):
         value = os.environ.get(variable, "").strip()
-        if value.isdigit() and int(value) >= 1:
+        if value.isascii() and value.isdigit() and int(value) >= 1:
+            if int(value) > MAX_THREADS:  # as --threads: torch would run out of memory reserving them
+                from .errors import UserError
+
+                raise UserError(f"{variable}={value}: at most {MAX_THREADS} threads")
             return int(value), variable
     cores = available_cores()
     return max(1, min(MAX_DEFAULT_THREADS, cores // 2)), f"half of {cores} cores"

@@ -194,6 +194,9 @@ def test_threads_default_and_override(monkeypatch):
     threads, source = runtime.resolve_threads()
     assert threads == max(1, min(8, runtime.available_cores() // 2)) and "cores" in source
     assert runtime.thread_environment(3)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("RESIDUAL_FAIRSEQ_THREADS", "99999")
+    with pytest.raises(UserError, match="RESIDUAL_FAIRSEQ_THREADS=99999: at most 1024 threads"):
+        runtime.resolve_threads()
 
 
 def test_progress_bar_reads_fairseq_json_lines():
