@@ -29,6 +29,11 @@ def _number(text, kind):
 MAX_SEED = 2 ** 31 - 1
 
 
+def is_digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes digits int() refuses ("²") or reads otherwise ("٣")."""
+    return text.isascii() and text.isdigit()
+
+
 def int_at_least(minimum: int, maximum: int = None):
     def parse(text):
         value = _number(text, int)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from .argtypes import is_digits
 from .atomic import write_text_atomically
 from .errors import UserError, cli_main
 from .resources import shipped_dir
@@ -323,7 +324,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.flags:
         dataset, variant, layers = args.flags
-        if not (layers.isascii() and layers.isdigit()):
+        if not is_digits(layers):
             raise UserError(f"--flags LAYERS must be a whole number, got {layers!r}")
         settings = load(dataset, variant, int(layers), {"task": {"data": "DATA"}, "common": {"user_dir": "PLUGIN"}})
         print(shlex.join(fairseq_train_args(settings)))

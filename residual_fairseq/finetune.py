@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import configs, train
-from .argtypes import check_output_dir, positive_int, same_file
+from .argtypes import check_output_dir, is_digits, positive_int, same_file
+from .data.binarized import dictionary_size
 from .errors import UserError, cli_main
 from .passthrough import refuse_flags
 from .runtime import add_verbose_flag
@@ -102,18 +103,12 @@ def embedding_rows(checkpoint: Path) -> dict:
     return rows
 
 
-def dictionary_size(path: Path) -> int:
-    from .data.binarized import dictionary_size as checked_size
-
-    return checked_size(path)  # fairseq's parser, its complaints as one line
-
-
 def check_compatible(checkpoint: Path, srcdict: Path, tgtdict: Path, rows: Optional[dict] = None) -> None:
     """Raise :class:`VocabularyMismatch` unless the dictionaries fit the checkpoint's embeddings
     (``rows``: :func:`embedding_rows` of the checkpoint, if already known)."""
     rows = rows or embedding_rows(checkpoint)
     for side, path in (("source", srcdict), ("target", tgtdict)):
-        size = dictionary_size(path)
+        size = dictionary_size(path)  # fairseq's parser, its complaints as one line
         if size != rows[side]:
             raise VocabularyMismatch(f"vocabularies incompatible: {checkpoint} has {rows[side]} {side} embeddings "
                                      f"but {path} has {size} entries")
@@ -358,7 +353,7 @@ def main(argv=None):
     config = None
     if args.train_config:
         dataset, variant, layers = args.train_config
-        if not (layers.isascii() and layers.isdigit()) or int(layers) < 1:  # ("²".isdigit() is True)
+        if not is_digits(layers) or int(layers) < 1:
             raise UserError(f"--train-config LAYERS must be a positive number, got {layers!r}")
         config = (dataset, variant, int(layers))
     corpus = {split: getattr(args, split) for split in ("train", "valid", "test") if getattr(args, split)}

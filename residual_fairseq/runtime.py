@@ -147,9 +147,11 @@ def available_cores() -> int:
 
 def default_threads():
     """(threads, where the number came from) when no ``--threads`` is given."""
+    from .argtypes import is_digits
+
     for variable in (THREADS_ENV, "OMP_NUM_THREADS"):
         value = os.environ.get(variable, "").strip()
-        if value.isascii() and value.isdigit() and int(value) >= 1:
+        if is_digits(value) and int(value) >= 1:
             if int(value) > MAX_THREADS:  # as --threads: torch would run out of memory reserving them
                 from .errors import UserError
 

@@ -13,8 +13,8 @@ Python API: :func:`~.speed.run_speed_benchmark`, :func:`~.depth.run_depth_benchm
 import argparse
 from pathlib import Path
 
-from ..argtypes import (MAX_SEED, check_output_file, int_at_least, nonnegative_int, positive_float, positive_int,
-                        same_file)
+from ..argtypes import (MAX_SEED, check_output_file, int_at_least, is_digits, nonnegative_int, positive_float,
+                        positive_int, same_file)
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import MAX_THREADS, add_verbose_flag
@@ -45,7 +45,7 @@ def parse_sizes(text, language_model=False):
     sizes = []
     for item in filter(None, text.split(",")):
         preset, _, layers = item.partition(":")
-        if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
+        if not is_digits(layers) or not 1 <= int(layers) <= MAX_LAYERS:
             raise UserError(f"--sizes {item!r}: expected PRESET:LAYERS, e.g. iwslt_de_en:6")
         if language_model:
             if preset and f"transformer_lm_{preset}" not in ARCH_MODEL_REGISTRY:
@@ -91,8 +91,7 @@ def parse_seeds(text):
     if text is None:
         return None
     items = [item.strip() for item in text.split(",") if item.strip()]
-    # isascii: str.isdigit also takes digits int() refuses ("²") or reads otherwise ("٣").
-    if not items or not all(item.isascii() and item.isdigit() and int(item) <= MAX_SEED for item in items):
+    if not items or not all(is_digits(item) and int(item) <= MAX_SEED for item in items):
         raise UserError(f"--seeds {text!r}: expected distinct integers from 0 to {MAX_SEED}, e.g. 1,2,3")
     seeds = [int(item) for item in items]
     refuse_repeats(seeds, "--seeds", text)

@@ -51,16 +51,15 @@ def run_fairseq_preprocess(arguments):
     args = parser.parse_args(arguments)
     root = logging.getLogger()
     level = root.level
-    pools_before = _pools()
     try:
         preprocess.main(args)
     except (AssertionError, FileNotFoundError) as exc:
         raise DataPreparationError(f"fairseq-preprocess failed: {exc}") from None
-    except BaseException:
+    except BaseException as exc:
         # Interrupted (Ctrl-C, SIGTERM): fairseq never terminates its worker pools (--workers N),
         # whose processes could outlive us, so end the pools it started. (Terminating their
         # processes alone is not enough: a live pool replaces workers that exit.)
-        for pool in _pools() - pools_before:
+        for pool in _pools_in(exc.__traceback__):
             pool.terminate()
         raise
     finally:
@@ -69,10 +68,14 @@ def run_fairseq_preprocess(arguments):
     logger.info("fairseq-preprocess %s", " ".join(arguments))
 
 
-def _pools() -> set:
-    """The multiprocessing pools alive in this process."""
-    import gc
+def _pools_in(traceback) -> list:
+    """The multiprocessing pools held by the frames an exception passed through: those fairseq
+    started in the interrupted call (each is a local of the function that waits on it)."""
     from multiprocessing.pool import Pool
 
-    # type(), not isinstance(): isinstance asks a dead weakref proxy for its __class__, and raises
-    return {obj for obj in gc.get_objects() if issubclass(type(obj), Pool)}
+    pools = []
+    while traceback is not None:
+        # type(), not isinstance(): isinstance asks a dead weakref proxy for its __class__, and raises
+        pools += [value for value in traceback.tb_frame.f_locals.values() if issubclass(type(value), Pool)]
+        traceback = traceback.tb_next
+    return pools

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ..argtypes import is_digits
 from ..atomic import process_alive
 from . import subword
 from .binarize import preprocess_arguments, run_fairseq_preprocess
@@ -216,7 +217,7 @@ def check_dictionary_file(path, flag):
                 if fields and fields[-1] == "#fairseq:overwrite":
                     fields = fields[:-1]
                 count = fields[1].lstrip("-") if len(fields) == 2 else ""
-                if not fields[0] or not (count.isascii() and count.isdigit()):  # ("²".isdigit() is True)
+                if not fields[0] or not is_digits(count):
                     raise DataPreparationError(f"{flag} {path} is not a fairseq dictionary: line {number} is not "
                                                "'<token> <count>' (use the dict.<lang>.txt of a fairseq data directory)")
                 entries += 1
@@ -272,15 +273,14 @@ def is_prepare_manifest(manifest) -> bool:
     # The values readers use must have the types this pipeline writes (a planted manifest.json is
     # hostile): the subword model a plain file name beside it, never a path out of the directory.
     subword = manifest["subword"]
-    if not isinstance(subword, dict) or not _is_plain_file_name(subword.get("model", None), optional=True):
+    model = subword.get("model") if isinstance(subword, dict) else None
+    if not isinstance(subword, dict) or (model is not None and not _is_plain_file_name(model)):
         return False
     return all(isinstance(manifest[key], str) and LANGUAGE_CODE.match(manifest[key])
                for key in ("source_lang", "target_lang") if key in keys)
 
 
-def _is_plain_file_name(name, optional=False) -> bool:
-    if name is None:
-        return optional
+def _is_plain_file_name(name) -> bool:
     return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
             and "\0" not in name)
 
@@ -313,7 +313,7 @@ def remove_stale_staging(out_dir):
     for kind in ("partial", "old"):
         for folder in parent.glob(f".{out_dir.name}.{kind}-*"):
             pid = folder.name.rsplit("-", 1)[-1]
-            if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            if folder.is_dir() and is_digits(pid) and not process_alive(int(pid)):
                 logger.info("removing %s, left by an interrupted run (process %s)", folder, pid)
                 shutil.rmtree(folder, ignore_errors=True)
 
