@@ -1,0 +1,91 @@
+"""Why a fresh ResiDual language model starts at a higher loss than Pre-LN: its output scale.
+
+ResiDual's decoder output is ``y = x_N + LN_final(d_N)``: the sum of two unit-scale terms
+(``x_N`` leaves a LayerNorm, and so does ``LN_final(d_N)``), so at initialisation its
+per-token RMS is between sqrt(2) (the two terms independent) and 2 (aligned) times Pre-LN's
+``LN_final(x_N)``. With tied input/output
+embeddings the logits are ``y @ E^T``, so their spread grows with ``y``'s RMS, and a
+fresh model's loss (which is lowest for flat logits) grows with it.
+
+For each variant, depth and seed this measures, on real validation blocks of sample-lm
+(the sizes of configs/sample-lm: 64/256/4, tied embeddings, eval mode):
+
+- ``rms``: the per-token RMS of the decoder's output features (before the projection);
+- ``logit_std``: the standard deviation of the logits over the vocabulary, per token, averaged;
+- ``loss``: the model's cross entropy in bits/token at initialisation;
+- ``loss_unit_rms``: the same model with its output features divided by their RMS (every
+  variant then feeds unit-RMS features to the same tied projection): if ResiDual's extra
+  initial loss is its output scale, this column is the same for every variant.
+
+    PYTHONPATH=<checkout> python3 benchmarks/lm_init_scale.py DATA/sample-lm/bin [--seeds 1 2 3] [--layers 6 24]
+"""
+import argparse
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from fairseq.data import Dictionary, data_utils
+
+from residual_fairseq.variants import LM_VARIANTS, build_language_model
+
+SIZES = dict(decoder_embed_dim=64, decoder_input_dim=64, decoder_output_dim=64, decoder_ffn_embed_dim=256,
+             decoder_attention_heads=4, share_decoder_input_output_embed=True, dropout=0.1,
+             tokens_per_sample=128)
+
+
+def validation_blocks(data_bin, block: int = 128, count: int = 32):
+    """The first ``count`` blocks of ``block + 1`` tokens of the validation stream."""
+    dictionary = Dictionary.load(f"{data_bin}/dict.txt")
+    dataset = data_utils.load_indexed_dataset(f"{data_bin}/valid", dictionary)
+    stream = torch.cat([dataset[i] for i in range(len(dataset))])
+    usable = (len(stream) - 1) // block
+    count = min(count, usable)
+    blocks = torch.stack([stream[i * block:(i + 1) * block + 1] for i in range(count)])
+    return dictionary, blocks
+
+
+@torch.no_grad()
+def measure(model, blocks) -> dict:
+    model.eval()
+    tokens, targets = blocks[:, :-1], blocks[:, 1:]
+    features, _ = model.decoder.extract_features(tokens, None)
+    rms = features.pow(2).mean(-1).sqrt()
+    logits = model.decoder.output_layer(features)
+    unit = model.decoder.output_layer(features / rms.unsqueeze(-1))
+    nats = F.cross_entropy(logits.transpose(1, 2).float(), targets)
+    nats_unit = F.cross_entropy(unit.transpose(1, 2).float(), targets)
+    return {"rms": rms.mean().item(), "logit_std": logits.float().std(-1).mean().item(),
+            "loss": nats.item() / math.log(2), "loss_unit_rms": nats_unit.item() / math.log(2)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data_bin")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--layers", type=int, nargs="+", default=[6, 24])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    dictionary, blocks = validation_blocks(args.data_bin)
+    print(f"{len(blocks)} validation blocks of {blocks.shape[1] - 1} tokens; vocabulary {len(dictionary)} "
+          f"(uniform: {math.log2(len(dictionary)):.2f} bits)")
+    print("| variant | layers | output RMS | logit std | loss at init (bits) | loss, features at unit RMS (bits) |")
+    print("|---|---|---|---|---|---|")
+    for layers in args.layers:
+        for variant in LM_VARIANTS:
+            rows = []
+            for seed in args.seeds:
+                torch.manual_seed(seed)
+                model = build_language_model(variant, dictionary, decoder_layers=layers, **SIZES)
+                rows.append(measure(model, blocks))
+            cells = []
+            for key in ("rms", "logit_std", "loss", "loss_unit_rms"):
+                values = [row[key] for row in rows]
+                spread = statistics.stdev(values) if len(values) > 1 else 0.0
+                cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f}")
+            print(f"| {variant} | {layers} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
