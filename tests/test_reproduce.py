@@ -649,6 +649,18 @@ def test_readme_summary_of_the_converged_matrix_is_the_published_results_md(page
     assert readme == expected
 
 
+def test_results_page_lists_every_run_as_the_published_runs_md():
+    """docs/results/converged-lr5e-3.md copies every run's numbers by hand from the driver's
+    runs.md: the two must agree run for run."""
+    page = _markdown_rows((REPO / "docs" / "results" / "converged-lr5e-3.md").read_text(),
+                          "| variant | layers | seed | epochs (ended by) |")
+    published = _markdown_rows((PUBLISHED / "runs.md").read_text(), "| dataset | variant | layers | seed | status |")
+    # The page says "epoch cap" where the driver says "budget" (--max-epoch ended the run).
+    expected = sorted([variant, layers, seed, epochs.replace("(budget)", "(epoch cap)"), *numbers]
+                      for _dataset, variant, layers, seed, _status, epochs, *numbers in published)
+    assert sorted([cell.replace("**", "") for cell in row[:-1]] for row in page) == expected and len(page) == 36
+
+
 def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_wins(tmp_path, monkeypatch, capsys):
     from residual_fairseq import train
 
