@@ -1,4 +1,4 @@
-"""Every relative link in README.md, docs/ and the folders' READMEs reaches a file that
+"""Every relative link in README.md, docs/, docs/results/ and the folders' READMEs reaches a file that
 exists and, with a #fragment, a heading of that file (GitHub's anchor rules). Numbers in
 headings change as results are published, and a stale anchor fails without a word on GitHub."""
 import re
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("*/README.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "results").glob("*.md")),
+             *sorted(ROOT.glob("*/README.md"))]
 
 
 def github_anchors(markdown: Path) -> set:

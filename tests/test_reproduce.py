@@ -633,10 +633,12 @@ def _markdown_rows(text, header_start):
     return rows
 
 
-def test_readme_summary_of_the_converged_matrix_is_the_published_results_md():
-    """README's mean ± std table is copied by hand at each publication: it must say what
-    results.md says (a stale or mistyped number there is what a reader quotes)."""
-    readme = _markdown_rows((REPO / "README.md").read_text(), "| variant | layers | seeds that learned |")
+@pytest.mark.parametrize("page", ["README.md", "docs/results/converged-lr5e-3.md"])
+def test_readme_summary_of_the_converged_matrix_is_the_published_results_md(page):
+    """The mean ± std table in README's summary and in the results page is copied by hand at
+    each publication: it must say what results.md says (a stale or mistyped number there is
+    what a reader quotes)."""
+    readme = _markdown_rows((REPO / page).read_text(), "| variant | layers | seeds that learned |")
     published = _markdown_rows((PUBLISHED / "results.md").read_text(), "| dataset | variant | layers | seeds |")
     expected = []
     for dataset, variant, layers, seeds, bleu, chrf, _tok, _vbleu, valid, _last, not_learned, _failed in published:
@@ -645,6 +647,18 @@ def test_readme_summary_of_the_converged_matrix_is_the_published_results_md():
         if started:  # a variant and depth with no finished run yet has no row in README
             expected.append([variant, layers, f"{len(learned)} of {started}", bleu, chrf, valid])
     assert readme == expected
+
+
+def test_results_page_lists_every_run_as_the_published_runs_md():
+    """docs/results/converged-lr5e-3.md copies every run's numbers by hand from the driver's
+    runs.md: the two must agree run for run."""
+    page = _markdown_rows((REPO / "docs" / "results" / "converged-lr5e-3.md").read_text(),
+                          "| variant | layers | seed | epochs (ended by) |")
+    published = _markdown_rows((PUBLISHED / "runs.md").read_text(), "| dataset | variant | layers | seed | status |")
+    # The page says "epoch cap" where the driver says "budget" (--max-epoch ended the run).
+    expected = sorted([variant, layers, seed, epochs.replace("(budget)", "(epoch cap)"), *numbers]
+                      for _dataset, variant, layers, seed, _status, epochs, *numbers in published)
+    assert sorted([cell.replace("**", "") for cell in row[:-1]] for row in page) == expected and len(page) == 36
 
 
 def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_wins(tmp_path, monkeypatch, capsys):
