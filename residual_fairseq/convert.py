@@ -137,6 +137,9 @@ def build_parser():
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if Path(args.source).is_dir():  # (the loader's own message names average-checkpoints' options)
+        raise UserError(f"{args.source} is a directory: convert takes one checkpoint file, "
+                        f"e.g. {Path(args.source) / 'checkpoint_best.pt'}")
     state = convert_checkpoint(args.source, args.output, args.arch)
     options = _options(state)
     print(f"wrote {args.output}: arch {config_option(options, 'arch') or config_option(options, '_name')}, "

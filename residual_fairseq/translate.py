@@ -17,10 +17,20 @@ Command line (one sentence per line, stdin or --input, translations on stdout)::
 Bad input: an empty input is an error; an empty line translates to an empty line; a
 sentence longer than the model's source positions (after tokenization and subwords,
 counting the end-of-sentence token) is an error naming the sentence and both lengths
-(:class:`SentenceTooLongError`) - it is never silently truncated.
+(:class:`SentenceTooLongError`) - it is never silently truncated. A checkpoint whose stored
+positions are not a positive count (``max_source_positions = -5``) is refused on loading.
+
+Stopping early (the command line): stdout only ever holds the translations of the first N
+input lines, each whole. They are written a batch (``--batch-lines``) at a time; SIGTERM and
+Ctrl-C (SIGINT) that arrive while a batch is being written take effect once it is written,
+and end the command with one line saying what stdout holds (``error: terminated: stdout
+holds the translations of the first 64 of 300 lines, whole lines``; exit 143, or 130 for
+Ctrl-C). Running out of memory while decoding ends it the same way, with exit 2 and a hint
+(a smaller ``--beam`` or ``--batch-lines``).
 """
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -29,7 +39,7 @@ from .argtypes import int_at_least, length_penalty, positive_int, read_user_line
 from .data.binarized import dictionary_segmentation
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
-from .safe_checkpoints import WeightsMismatchError, checkpoint_task, load_models, read_checkpoint
+from .safe_checkpoints import WeightsMismatchError, checkpoint_task, config_option, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
 # residual-fairseq-prepare output directory), and fairseq's --bpe name for each.
@@ -154,9 +164,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         overrides: further fairseq config overrides (e.g. ``moses_no_dash_splits=True``,
             ``max_tokens=4000``), as for ``from_pretrained``.
     """
-    checkpoint = Path(checkpoint)
-    if checkpoint.is_dir():
-        checkpoint = checkpoint / "checkpoint_best.pt"
+    checkpoint = checkpoint_file(checkpoint)
     state = read_checkpoint(checkpoint)  # the file is read (and checked) once, before anything else
     data = Path(data) if data is not None else checkpoint.parent
     task, source_lang, target_lang = checkpoint_task(state)
@@ -164,6 +172,7 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         raise UserError(f"checkpoint {checkpoint} is a {task} model, not a translation model"
                         + (" (for a language model: residual_fairseq.load_language_model, or "
                            "residual-fairseq-evaluate)" if task == "language_modeling" else ""))
+    check_stored_positions(state, checkpoint)
     if not data.is_dir() or not any(data.glob("dict.*.txt")):
         raise UserError(f"no dict.<lang>.txt files in {data}: pass the model's data directory (data-bin)")
     for lang in (source_lang, target_lang):
@@ -207,6 +216,44 @@ def load_translator(checkpoint, data=None, *, bpe: Optional[str] = "auto", bpe_c
         hub.cuda()
     hub.eval()
     return Translator(hub)
+
+
+def checkpoint_file(checkpoint) -> Path:
+    """The checkpoint file ``checkpoint`` names: the file itself, or a directory's ``checkpoint_best.pt``."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        return checkpoint
+    best = checkpoint / "checkpoint_best.pt"
+    if best.exists():
+        return best
+    found = sorted(path.name for path in checkpoint.glob("*.pt"))
+    holds = (f" (it holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''})" if found
+             else " (it holds no .pt file)")
+    example = "checkpoint_last.pt" if "checkpoint_last.pt" in found else (found or ["checkpoint_best.pt"])[0]
+    raise UserError(f"{checkpoint} is a directory without checkpoint_best.pt{holds}: give a checkpoint file, "
+                    f"e.g. {checkpoint / example}")
+
+
+# The stored limits on sentence lengths: fairseq takes the smallest of the task's and the model's.
+POSITION_OPTIONS = ("max_source_positions", "max_target_positions")
+
+
+def check_stored_positions(state, checkpoint) -> None:
+    """Refuse a checkpoint whose stored position limits are not positive whole numbers: fairseq
+    would take ``max_source_positions = -5`` as the model's limit and blame every input line
+    for being longer than it (or fail building position tables from it)."""
+    args = state.get("args")
+    cfg = state.get("cfg") or {}
+    sections = {"args": args} if args is not None else {f"cfg.{name}": config_option(cfg, name)
+                                                          for name in ("task", "model")}
+    for section, options in sections.items():
+        for name in POSITION_OPTIONS:
+            value = config_option(options, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                shown = repr(value) if isinstance(value, (int, float)) else repr(str(value)[:40])
+                raise UserError(f"checkpoint {checkpoint} stores {section}.{name} = {shown}, not a "
+                                "positive number of positions: its config is damaged (fix that value, or use "
+                                "another checkpoint)")
 
 
 def refuse_non_finite_weights(models, checkpoint) -> None:
@@ -292,12 +339,96 @@ def read_input(path):
     return read_user_lines(path, f"--input {path}")
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (raised like KeyboardInterrupt for SIGINT, so no ``except Exception`` catches it)."""
+
+
+def _stop_exception(signum) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+class WholeLines:
+    """stdout for translations, written whole whatever signal arrives.
+
+    Inside ``with WholeLines() as output:`` SIGINT and SIGTERM raise KeyboardInterrupt and
+    :class:`Terminated`, except during :meth:`write`: its text is written whole and flushed,
+    then a signal that arrived meanwhile takes effect. ``lines`` counts the lines written.
+    """
+
+    def __init__(self):
+        self.lines, self._writing, self._pending, self._previous = 0, False, [], {}
+
+    def _stop(self, signum, frame):
+        if self._writing:
+            self._pending.append(signum)
+        else:
+            raise _stop_exception(signum)
+
+    def write(self, lines: Sequence[str]) -> None:
+        self._writing = True
+        try:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+            self.lines += len(lines)
+        finally:
+            self._writing = False
+        if self._pending:
+            raise _stop_exception(self._pending[0])
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[signum] = signal.signal(signum, self._stop)
+            except ValueError:  # not the main thread: signals stay as they are
+                pass
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, torch's OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError
+    (``DefaultCPUAllocator: can't allocate memory``)."""
+    import torch
+
+    if isinstance(error, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        text in str(error) for text in ("can't allocate memory", "Cannot allocate memory", "out of memory"))
+
+
+def stdout_holds(done: int, total: int) -> str:
+    """What stdout holds after the first ``done`` of ``total`` lines were translated."""
+    if done == 0:
+        return "nothing was written to stdout"
+    return f"stdout holds the translations of the first {done} of {total} lines, whole lines"
+
+
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    total = None
+    with WholeLines() as output:
+        try:
+            lines = read_input(args.input)
+            total = len(lines)
+            translate_lines(args, lines, output)
+            return
+        except Terminated:
+            stopped = "terminated"
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+    # Here no signal is deferred any more, and the stopped decoding's frames are gone.
+    print(f"error: {stopped}" + (f": {stdout_holds(output.lines, total)}" if total else ""), file=sys.stderr)
+    sys.exit(143 if stopped == "terminated" else 130)
+
+
+def translate_lines(args, lines, output: WholeLines) -> None:
+    """Translate ``lines`` as ``args`` say, writing each batch's translations to ``output``."""
     # stdout carries the translations; keep fairseq's INFO chatter (its whole config) off stderr too.
     logging.getLogger("fairseq").setLevel(logging.WARNING)
-    lines = read_input(args.input)
     if not any(line.strip() for line in lines):
         raise UserError("empty input: nothing to translate (give sentences on stdin or with --input)")
     # stdout is for translations: the thread note goes to stderr, and only on a terminal, so that
@@ -313,8 +444,19 @@ def main(argv=None):
     except SentenceTooLongError as err:
         raise SentenceTooLongError(err.index, err.length, err.limit, what="line") from err
     for start in range(0, len(lines), args.batch_lines):
-        translations = translator.translate(lines[start:start + args.batch_lines], beam=args.beam, lenpen=args.lenpen)
-        print("\n".join(translations), flush=True)
+        batch = lines[start:start + args.batch_lines]
+        out_of_memory = False
+        try:
+            translations = translator.translate(batch, beam=args.beam, lenpen=args.lenpen)
+        except (MemoryError, RuntimeError) as err:
+            if not is_out_of_memory(err):
+                raise
+            out_of_memory = True  # raised below, once this block has let go of the failed batch's tensors
+        if out_of_memory:
+            raise UserError(f"out of memory translating lines {start + 1}-{start + len(batch)} with --beam "
+                            f"{args.beam} and --batch-lines {args.batch_lines}: try a smaller --beam or "
+                            f"--batch-lines ({stdout_holds(output.lines, len(lines))})")
+        output.write(translations)
 
 
 if __name__ == "__main__":

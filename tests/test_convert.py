@@ -128,3 +128,15 @@ def test_convert_cli_runs_as_a_console_script(trained_tiny, tmp_path):
     source = authors_checkpoint(trained_tiny, tmp_path / "authors.pt")
     proc = run(["residual-fairseq-convert", source, tmp_path / "out.pt"])
     assert "dual_scale_encoder=0.5" in proc.stdout and (tmp_path / "out.pt").is_file()
+
+
+def test_a_directory_is_refused_naming_a_checkpoint_file_to_give(tmp_path, capsys):
+    """The loader's message for a directory named average-checkpoints' --num-epoch-checkpoints,
+    which convert does not have."""
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        main([str(tmp_path / "run"), str(tmp_path / "out.pt")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'run'} is a directory: convert takes one checkpoint file, "
+                                       f"e.g. {tmp_path / 'run' / 'checkpoint_best.pt'}\n")
+    assert not (tmp_path / "out.pt").exists()

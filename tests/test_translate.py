@@ -1,11 +1,16 @@
 """Translation from Python, the CLI, and fairseq-interactive with the plugin."""
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_cli
+from helpers import CLI_ENV, USER_DIR, fairseq_cli
 from residual_fairseq import translate
 from residual_fairseq.evaluate import evaluate_run, read_generate_output
 from trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
@@ -83,8 +88,15 @@ def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translat
     torch.save(state, tmp_path / "paired.pt")
     state["cfg"]["task"]["_name"] = "language_modeling"
     torch.save(state, tmp_path / "lm.pt")
-    other_pair, pieces = tmp_path / "de-en", tmp_path / "pieces"
-    other_pair.mkdir(), pieces.mkdir()
+    state["cfg"]["task"]["_name"] = "translation"
+    state["cfg"]["task"]["max_source_positions"] = -5
+    torch.save(state, tmp_path / "task_positions.pt")
+    state["cfg"]["task"]["max_source_positions"] = 1024
+    state["cfg"]["model"].max_source_positions = -5
+    torch.save(state, tmp_path / "model_positions.pt")
+    other_pair, pieces, run_dir = tmp_path / "de-en", tmp_path / "pieces", tmp_path / "run"
+    other_pair.mkdir(), pieces.mkdir(), run_dir.mkdir()
+    (run_dir / "checkpoint_last.pt").write_bytes(b"")  # a save dir without checkpoint_best.pt
     for lang, other in (("src", "de"), ("tgt", "en")):
         entries = (toy_data_bin / f"dict.{lang}.txt").read_text().splitlines()
         (other_pair / f"dict.{other}.txt").write_text("\n".join(entries) + "\n")
@@ -113,6 +125,17 @@ def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translat
         (sources[0], [str(tmp_path / "paired.pt"), "--data", str(pieces)],
          f"error: {pieces / 'dict.src.txt'} holds sentencepiece units, but no subword model was found in {pieces} "
          "or its parent: pass --sentencepiece-model FILE"),
+        # nonsensical stored positions blame the checkpoint, not the input line (was "takes at most -5")
+        (sources[0], [str(tmp_path / "task_positions.pt"), "--data", str(toy_data_bin)],
+         f"error: checkpoint {tmp_path / 'task_positions.pt'} stores cfg.task.max_source_positions = -5, not a "
+         "positive number of positions"),
+        (sources[0], [str(tmp_path / "model_positions.pt"), "--data", str(toy_data_bin)],
+         f"error: checkpoint {tmp_path / 'model_positions.pt'} stores cfg.model.max_source_positions = -5, not a "
+         "positive number of positions"),
+        # a directory without checkpoint_best.pt: what to give instead (was "checkpoint not found: DIR/...")
+        (sources[0], [str(run_dir), "--data", str(toy_data_bin)],
+         f"error: {run_dir} is a directory without checkpoint_best.pt (it holds checkpoint_last.pt): give a "
+         f"checkpoint file, e.g. {run_dir / 'checkpoint_last.pt'}"),
     ]
     for stdin, argv, expected in cases:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
@@ -178,3 +201,114 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_on_loading(toy_run, toy
     torch.save(state, tmp_path / "diverged.pt")
     with pytest.raises(translate.UserError, match=f"holds NaN or infinite weights \\({re.escape(name)}\\)"):
         translate.load_translator(tmp_path / "diverged.pt", toy_data_bin, cpu=True)
+
+
+@pytest.mark.parametrize("where, name, value", [
+    ("task", "max_source_positions", 0), ("model", "max_source_positions", True),
+    ("model", "max_target_positions", -1), ("task", "max_target_positions", "abc"),
+])
+def test_nonsensical_stored_positions_are_refused_naming_the_value(toy_run, toy_data_bin, tmp_path, where, name,
+                                                                   value):
+    """fairseq took them as the model's limit (blaming every input line) or failed building from them."""
+    state = torch.load(toy_run[0], weights_only=True)
+    if where == "task":
+        state["cfg"]["task"][name] = value
+    else:
+        setattr(state["cfg"]["model"], name, value)
+    torch.save(state, tmp_path / "positions.pt")
+    shown = repr(value)
+    with pytest.raises(translate.UserError, match=re.escape(f"stores cfg.{where}.{name} = {shown}, not a positive")):
+        translate.load_translator(tmp_path / "positions.pt", toy_data_bin, cpu=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_while_translations_are_written_takes_effect_after_the_batch(monkeypatch, signum):
+    """A batch of translations is never left half-written on stdout: a signal that arrives while it
+    is written stops the command right after; one that arrives between writes stops it at once."""
+    stop = translate.Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    written = []
+
+    class SignalledStdout:
+        def write(self, text):
+            written.append(text[:3])
+            os.kill(os.getpid(), signum)  # its Python handler runs here, before the rest is written
+            written.append(text[3:])
+
+        def flush(self):
+            written.append("<flushed>")
+
+    monkeypatch.setattr(sys, "stdout", SignalledStdout())
+    previous = signal.getsignal(signum)
+    with pytest.raises(stop):
+        with translate.WholeLines() as output:
+            output.write(["first", "second"])
+    assert "".join(written) == "first\nsecond\n<flushed>" and output.lines == 2
+    assert signal.getsignal(signum) is previous
+    with pytest.raises(stop):
+        with translate.WholeLines() as output:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # interrupted by the signal's exception
+    assert output.lines == 0 and signal.getsignal(signum) is previous
+
+
+def test_sigterm_ends_translate_with_one_line_saying_what_stdout_holds(toy_run, toy_data_bin, translator, tmp_path):
+    """SIGTERM ended translate silently (exit 143, no error line) like a crash; now it says how many
+    lines were translated, and stdout holds exactly those translations, whole lines."""
+    checkpoint, sources, _ = toy_run
+    lines = (sources * 50)[:2000]  # minutes of decoding, one line a batch: stopped after the first lines
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen(["residual-fairseq-translate", str(checkpoint), "--data", str(toy_data_bin), "--cpu",
+                             "--input", str(tmp_path / "in.txt"), "--batch-lines", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
+    try:
+        first = proc.stdout.readline()  # decoding has begun
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    match = re.fullmatch(r"error: terminated: stdout holds the translations of the first (\d+) of 2000 lines, "
+                         r"whole lines\n", err)
+    assert match, err[-3000:]
+    out = first + rest
+    done = int(match[1])
+    assert 1 <= done < 2000 and out.endswith("\n") and out.count("\n") == done
+    assert out.splitlines() == translator.translate(lines[:done], beam=5)
+
+
+# Run translate with its address space limited, from just before decoding: the limit leaves
+# HEADROOM bytes above what the loaded model and the input take.
+LIMITED_TRANSLATE = """
+import resource, sys
+from residual_fairseq import translate
+headroom = int(sys.argv.pop(1)) << 20
+check_lengths = translate.Translator.check_lengths
+def check_lengths_then_limit(self, lines):
+    check_lengths(self, lines)
+    with open("/proc/self/status") as status:
+        size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + headroom, resource.RLIM_INFINITY))
+translate.Translator.check_lengths = check_lengths_then_limit
+translate.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_running_out_of_memory_while_decoding_is_one_line_with_a_hint(toy_run, toy_data_bin, tmp_path):
+    """--beam 1000 (the allowed maximum) under a memory limit was a traceback from torch's allocator
+    ("DefaultCPUAllocator: can't allocate memory")."""
+    checkpoint, sources, _ = toy_run
+    (tmp_path / "in.txt").write_text("\n".join((sources * 2)[:64]) + "\n")
+
+    def limited(beam):
+        return subprocess.run([sys.executable, "-c", LIMITED_TRANSLATE, "96", str(checkpoint), "--data",
+                               str(toy_data_bin), "--cpu", "--threads", "1", "--input", str(tmp_path / "in.txt"),
+                               "--beam", str(beam)], capture_output=True, text=True, env=CLI_ENV, timeout=600)
+
+    control = limited(5)  # the limit leaves room to translate: what runs out is the beam's
+    assert control.returncode == 0 and control.stdout.count("\n") == 64, control.stderr[-3000:]
+    proc = limited(1000)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr == ("error: out of memory translating lines 1-64 with --beam 1000 and --batch-lines 64: "
+                           "try a smaller --beam or --batch-lines (nothing was written to stdout)\n")
+    assert proc.stdout == ""
