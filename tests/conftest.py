@@ -3,7 +3,7 @@ import pytest
 
 from helpers import make_toy_corpus, preprocess
 
-pytest_plugins = ["fixtures_training"]
+pytest_plugins = ["helpers.fixtures_training"]
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from fairseq import models
 from fairseq.sequence_generator import SequenceGenerator
 from helpers import TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
 from residual_fairseq.variants import build_model, toy_dictionary
-from test_formula import SMALL, random_batch, randomise_norms, reference_decoder_features, reference_encoder
+from helpers.formula import SMALL, random_batch, randomise_norms, reference_decoder_features, reference_encoder
 
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 

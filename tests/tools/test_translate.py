@@ -8,7 +8,7 @@ import torch
 from helpers import USER_DIR, fairseq_cli
 from residual_fairseq import translate
 from residual_fairseq.evaluate import evaluate_run, read_generate_output
-from trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
+from helpers.trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
 
 
 @pytest.fixture(scope="module")

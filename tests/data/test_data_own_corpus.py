@@ -7,7 +7,7 @@ import pytest
 
 from residual_fairseq.data import PrepareOptions, prepare, prepare_sample_corpus
 from residual_fairseq.resources import shipped_dir
-from test_data_builders import numbered_pair, write_plain_pair, write_tsv
+from helpers.data_builders import numbered_pair, write_plain_pair, write_tsv
 
 SAMPLE_DIR = shipped_dir("sample-es-en")
 MARKUP = re.compile(r"[<>]|strong:[HG]?[0-9]|lemma=")

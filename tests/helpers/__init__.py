@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 USER_DIR = str(REPO / "residual_fairseq")
 
 # Keep fairseq's CLIs quiet and single-threaded enough for 2-core CI machines.

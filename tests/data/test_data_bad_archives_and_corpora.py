@@ -12,9 +12,9 @@ from residual_fairseq.data import pipeline, text
 from residual_fairseq.data.cli import main
 from residual_fairseq.data.download import download
 from residual_fairseq.data.textio import SkipCounter, read_tsv_pairs
-from test_data_builders import build_iwslt_archive, write_plain_pair, write_tgz
+from helpers.data_builders import build_iwslt_archive, write_plain_pair, write_tgz
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def custom_options(tmp_path, train, out="out", **settings):

@@ -8,7 +8,7 @@ import pytest
 from residual_fairseq.data import DataPreparationError, PrepareOptions, prepare
 from residual_fairseq.data.cli import main
 from residual_fairseq.data.textio import read_lines
-from test_data_builders import numbered_pair, write_plain_pair
+from helpers.data_builders import numbered_pair, write_plain_pair
 
 
 def custom_options(tmp_path, train, out="out", **settings):

@@ -14,7 +14,7 @@ from helpers import user_error
 from residual_fairseq import average_checkpoints as averaging
 from residual_fairseq import evaluate
 from residual_fairseq.scoring import split_compounds, tokenized_bleu
-from trained_models import AVERAGE_LAST, TOY_EPOCHS, toy_evaluation
+from helpers.trained_models import AVERAGE_LAST, TOY_EPOCHS, toy_evaluation
 
 RAW_REFERENCES = [
     "The cat's toy is on the well-known mat.",

@@ -248,7 +248,7 @@ def test_ctrl_c_while_a_command_starts_is_one_line():
 
     from pathlib import Path
 
-    checkout_script = Path(__file__).resolve().parent.parent / "scripts" / "evaluate.py"
+    checkout_script = Path(__file__).resolve().parents[2] / "scripts" / "evaluate.py"
     for command in ([fairseq_cli("residual-fairseq-evaluate"), "--help"],
                     [sys.executable, str(checkout_script), "--help"]):
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
