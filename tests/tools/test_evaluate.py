@@ -387,6 +387,7 @@ def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_
     assert evaluate.resolve_subword(None, toy_data_bin) == (None, None)
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_takes_fairseq_generate_with_it(tmp_path):
     """SIGTERM ends Python without cleanup: its fairseq-generate must not go on writing."""
     import signal
