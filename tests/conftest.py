@@ -1,9 +1,9 @@
-"""Shared pytest fixtures. Fixture modules of each area are listed in pytest_plugins."""
+"""Shared pytest fixtures. Fixture modules of each area, and the slow marker's rules, are listed in pytest_plugins."""
 import pytest
 
 from helpers import make_toy_corpus, preprocess
 
-pytest_plugins = ["fixtures_training"]
+pytest_plugins = ["helpers.fixtures_training", "helpers.slow_marker"]
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ def test_cpu_multi_process_uses_gloo_ranks(toy_data_bin, tmp_path):
     assert len(gpu.commands) == 1 and gpu.commands[0][-2:] == ["--distributed-world-size", "4"]
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="data directory not found"):
         train.plan(request(tmp_path / "nowhere", tmp_path))
@@ -69,6 +70,7 @@ def test_dry_run_prints_and_runs_nothing(toy_data_bin, tmp_path, capsys):
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.slow
 def test_train_then_resume(toy_data_bin, tmp_path):
     save_dir = tmp_path / "ck"
     base = ["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",
@@ -91,6 +93,7 @@ def test_train_then_resume(toy_data_bin, tmp_path):
     assert "Loaded checkpoint" in log and '"num_updates": "6"' in log
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_train_together(toy_data_bin, tmp_path):
     save_dir = tmp_path / "ddp"
     proc = run(["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",
@@ -231,6 +234,7 @@ def test_progress_bar_reads_fairseq_json_lines():
     assert "Traceback" in shown and "RuntimeError: boom" in shown
 
 
+@pytest.mark.slow
 def test_tensorboard_logdir_writes_event_files(toy_data_bin, tmp_path):
     """tensorboardX is a dependency, so fairseq-train --tensorboard-logdir works (and fairseq no longer
     prints "Please install tensorboardX")."""
@@ -249,6 +253,7 @@ def test_tensorboard_logdir_writes_event_files(toy_data_bin, tmp_path):
 PATIENCE_2 = ["--patience", "2", "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_counting_patience(toy_data_bin, tmp_path):
     save_dir, log = tmp_path / "ck", tmp_path / "ck" / "train.log"
     base = ["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",

@@ -16,7 +16,7 @@ from fairseq import models
 from fairseq.sequence_generator import SequenceGenerator
 from helpers import TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
 from residual_fairseq.variants import build_model, toy_dictionary
-from test_formula import SMALL, random_batch, randomise_norms, reference_decoder_features, reference_encoder
+from helpers.formula import SMALL, random_batch, randomise_norms, reference_decoder_features, reference_encoder
 
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
@@ -281,6 +281,7 @@ def test_torch_compile_matches_eager_in_eval_and_training():
         torch.testing.assert_close(grads_compiled[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_fairseq_train_with_layerdrop_and_activation_checkpointing(toy_data_bin, tmp_path):
     """The real CLI: LayerDrop 0.5 on 3+3 layers skips whole stacks now and then (1 pass in 8)."""
     proc = run([

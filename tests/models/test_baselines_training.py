@@ -53,6 +53,7 @@ def train_in_memory(args, steps=12):
 
 
 @pytest.mark.parametrize("variant", sorted(MODEL_CLASSES))
+@pytest.mark.slow
 def test_flat_cli_options_reach_the_model_and_a_checkpoint_decodes_identically(variant, toy_data_bin, tmp_path,
                                                                                 caplog):
     args = tiny_args(toy_data_bin, f"{variant}_tiny", tmp_path)
@@ -119,6 +120,7 @@ def configs_dictionary():
     return toy_dictionary(50)
 
 
+@pytest.mark.slow
 def test_admin_trains_through_the_train_driver_and_fairseq_hydra_train(toy_data_bin, tmp_path):
     """One command profiles then trains (residual-fairseq-train); the hydra path with the profile file."""
     save_dir = tmp_path / "driver"

@@ -8,7 +8,7 @@ import pytest
 from residual_fairseq.data import DataPreparationError, PrepareOptions, prepare
 from residual_fairseq.data.cli import main
 from residual_fairseq.data.textio import read_lines
-from test_data_builders import numbered_pair, write_plain_pair
+from helpers.data_builders import numbered_pair, write_plain_pair
 
 
 def custom_options(tmp_path, train, out="out", **settings):
@@ -261,6 +261,7 @@ def test_a_carriage_return_inside_a_line_keeps_the_sides_aligned(tmp_path, subwo
     assert sizes == {"de": pairs, "en": pairs} and pairs == 10
 
 
+@pytest.mark.slow
 def test_quiet_prints_only_the_result(tmp_path, capsys):
     """--quiet: no info lines, no fairseq-preprocess lines, no subword-nmt bar; prepare.log keeps the info."""
     source, target = write_plain_pair(tmp_path / "in", 30)
@@ -273,6 +274,7 @@ def test_quiet_prints_only_the_result(tmp_path, capsys):
     assert "learning bpe subwords" in (tmp_path / "out" / "prepare.log").read_text()
 
 
+@pytest.mark.slow
 def test_an_interrupted_fairseq_preprocess_leaves_no_worker_processes(tmp_path, monkeypatch):
     """fairseq-preprocess (--workers N) never terminates its pools; Ctrl-C must not leave them running."""
     import multiprocessing

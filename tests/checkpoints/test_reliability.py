@@ -36,6 +36,7 @@ def losses_by_update(log):
 # --- crash and resume ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(toy_data_bin, tmp_path):
     """Killed at update ~10 (mid epoch 1 of 11 updates), the rerun continues bit for bit.
 
@@ -129,6 +130,7 @@ def launch_two_ranks(data_bin, save_dir, *extra):
     return logs[0]
 
 
+@pytest.mark.slow
 def test_two_cpu_ranks_match_one_process_with_update_freq_2(toy_data_bin, tmp_path):
     # SGD and no dropout make the first update a plain function of the summed gradient.
     same = ["--optimizer", "sgd", "--lr", "0.5", "--dropout", "0", "--max-update", "1"]
@@ -143,6 +145,7 @@ def test_two_cpu_ranks_match_one_process_with_update_freq_2(toy_data_bin, tmp_pa
         torch.testing.assert_close(ddp[name], single[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_two_cpu_ranks_resume_with_weights_only_loading(toy_data_bin, tmp_path):
     """Resume loads the file on every rank: fairseq's rank-0 broadcast of the state
     would go through torch.load(weights_only=True) of a pickled omegaconf object."""
@@ -169,6 +172,7 @@ if sys.argv[1] != "no-group":
 
 
 @pytest.mark.parametrize("with_group", [True, False])
+@pytest.mark.slow
 def test_process_group_is_destroyed_at_exit(with_group):
     """fairseq-train exits without destroying its gloo group; left to interpreter
     finalization, a rank may abort after a finished run. The plugin's exit hook destroys
@@ -212,6 +216,7 @@ def test_crafted_checkpoint_is_refused_and_its_payload_never_runs(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_fairseq_generate_refuses_a_crafted_checkpoint(toy_data_bin, tmp_path):
     marker = tmp_path / "payload-ran"
     path = crafted_checkpoint(tmp_path, marker)
@@ -240,6 +245,7 @@ def test_published_outputs_get_the_permissions_of_a_plain_write(tmp_path):
     assert out_dir.stat().st_mode & 0o777 == 0o750
 
 
+@pytest.mark.slow
 def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
     """A writer killed outright leaves its hidden temporary (of a multi-GB averaged
     checkpoint, say); the next write of the same output removes it, and only it."""

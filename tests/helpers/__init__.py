@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 USER_DIR = str(REPO / "residual_fairseq")
 
 # Keep fairseq's CLIs quiet and single-threaded enough for 2-core CI machines.
@@ -47,11 +47,27 @@ def fairseq_cli(name):
 
 
 def preprocess(corpus_dir, dest):
-    run([
-        fairseq_cli("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
+    """Binarize a toy corpus with fairseq-preprocess, in this process (tests that do not
+    start processes can use it); leaves fairseq's logging as it found it."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess as fairseq_preprocess
+
+    args = options.get_preprocessing_parser().parse_args([
+        "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", f"{corpus_dir}/train", "--validpref", f"{corpus_dir}/valid",
-        "--testpref", f"{corpus_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
+        "--testpref", f"{corpus_dir}/test", "--destdir", str(dest), "--joined-dictionary", "--workers", "1",
     ])
+    root, fairseq_logger = logging.getLogger(), logging.getLogger("fairseq_cli.preprocess")
+    level, handlers = root.level, list(fairseq_logger.handlers)
+    try:
+        fairseq_preprocess.main(args)
+    finally:  # fairseq sets the root level and adds a log file handler it never removes
+        root.setLevel(level)
+        for handler in fairseq_logger.handlers[len(handlers):]:
+            fairseq_logger.removeHandler(handler)
+            handler.close()
     return Path(dest)
 
 

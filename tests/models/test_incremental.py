@@ -2,7 +2,7 @@
 import torch
 
 from residual_fairseq.variants import build_model
-from test_formula import SMALL, random_batch, randomise_norms
+from helpers.formula import SMALL, random_batch, randomise_norms
 
 
 def test_incremental_decoding_matches_teacher_forcing():

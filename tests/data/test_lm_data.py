@@ -56,6 +56,7 @@ def no_partial_output(out):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "staging left behind"
 
 
+@pytest.mark.slow
 def test_wikitext103_recipe_equals_fairseqs_preprocess(tmp_path):
     archive = make_wikitext_archive(tmp_path / "wikitext-103-v1.zip")
     out = tmp_path / "wt103"
@@ -88,6 +89,7 @@ def test_wikitext103_download_is_checksummed():
     assert any("research.metamind.io/wikitext/wikitext-103-v1.zip" in url for url in source.urls)
 
 
+@pytest.mark.slow
 def test_sample_lm_is_the_english_side_of_the_sample(tmp_path):
     out = tmp_path / "sample-lm"
     prepare("--dataset", "sample-lm", "--vocab-size", "500", "--out", str(out))

@@ -2,7 +2,12 @@
 import json
 import sys
 
+import pytest
+
 from helpers import REPO, run
+
+
+pytestmark = pytest.mark.slow  # every test here compares subprocesses
 
 PROBE = r"""
 import json, sys, torch

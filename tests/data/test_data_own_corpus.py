@@ -7,7 +7,7 @@ import pytest
 
 from residual_fairseq.data import PrepareOptions, prepare, prepare_sample_corpus
 from residual_fairseq.resources import shipped_dir
-from test_data_builders import numbered_pair, write_plain_pair, write_tsv
+from helpers.data_builders import numbered_pair, write_plain_pair, write_tsv
 
 SAMPLE_DIR = shipped_dir("sample-es-en")
 MARKUP = re.compile(r"[<>]|strong:[HG]?[0-9]|lemma=")
@@ -90,6 +90,7 @@ def test_sample_corpus_counts_alignment_and_disjoint_splits():
     assert len(references) == len(set(references))
 
 
+@pytest.mark.slow
 def test_sample_corpus_prepares_offline_and_reruns_as_a_no_op(tmp_path):
     bin_dir = prepare_sample_corpus(tmp_path / "sample", workers=2, vocab_size=2000)
     for split, count in SAMPLE_COUNTS.items():

@@ -221,6 +221,7 @@ def test_translate_with_a_garbage_subword_model(capsys, trained_tiny, tmp_path):
         ckpt, "--data", data_bin, "--input", text, "--bpe", "sentencepiece", "--sentencepiece-model", model])
 
 
+@pytest.mark.slow
 def test_no_debug_lines_or_import_noise(tmp_path):
     """fairseq's import sets the root logger to DEBUG (matplotlib then logs its font search) and,
     without tensorboardX, prints "Please install tensorboardX": neither reaches the user."""
@@ -237,6 +238,7 @@ def test_no_debug_lines_or_import_noise(tmp_path):
         assert proc.stdout.strip().splitlines()[-1] == str(level)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_a_command_starts_is_one_line():
     """Ctrl-C in the seconds a residual-fairseq-* command (or python scripts/X.py) spends
     importing fairseq, before its main() runs: one 'error: interrupted' line and exit 130, not a traceback through fairseq."""
@@ -248,7 +250,7 @@ def test_ctrl_c_while_a_command_starts_is_one_line():
 
     from pathlib import Path
 
-    checkout_script = Path(__file__).resolve().parent.parent / "scripts" / "evaluate.py"
+    checkout_script = Path(__file__).resolve().parents[2] / "scripts" / "evaluate.py"
     for command in ([fairseq_cli("residual-fairseq-evaluate"), "--help"],
                     [sys.executable, str(checkout_script), "--help"]):
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV)

@@ -12,9 +12,9 @@ from residual_fairseq.data import pipeline, text
 from residual_fairseq.data.cli import main
 from residual_fairseq.data.download import download
 from residual_fairseq.data.textio import SkipCounter, read_tsv_pairs
-from test_data_builders import build_iwslt_archive, write_plain_pair, write_tgz
+from helpers.data_builders import build_iwslt_archive, write_plain_pair, write_tgz
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def custom_options(tmp_path, train, out="out", **settings):
@@ -248,6 +248,7 @@ def test_clean_corpus_n_semantics():
     assert skips.as_dict() == {"clean_length": 2}
 
 
+@pytest.mark.slow
 def test_parallel_tokenization_matches_single_process(monkeypatch):
     lines = [f"Hallo, Welt Nummer {index}!" for index in range(40)]
     step = text.Pipeline([text.MosesTokenize("de"), text.Lowercase()])
@@ -317,6 +318,7 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path, capsys):
         "error: unknown dataset 'nope'; choose one of iwslt14-de-en, wmt14-en-de, opus-100, custom, sample-es-en"]
 
 
+@pytest.mark.slow
 def test_prepare_script_has_no_traceback_on_bad_input(tmp_path):
     source, target = write_plain_pair(tmp_path / "in", 5)
     target.write_text("one line\n")

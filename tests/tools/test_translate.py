@@ -13,7 +13,7 @@ import torch
 from helpers import CLI_ENV, USER_DIR, fairseq_cli
 from residual_fairseq import translate
 from residual_fairseq.evaluate import evaluate_run, read_generate_output
-from trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
+from helpers.trained_models import MAX_LEN_B, sample_corpus_subset, toy_evaluation
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +154,7 @@ def test_translate_bad_input_is_a_one_line_error(toy_run, toy_data_bin, translat
     assert len(capsys.readouterr().out.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_sentencepiece_round_trip_on_the_sample_corpus(tmp_path_factory):
     """Raw Spanish in, raw English out: evaluation removes sentencepiece for real, and
     the Python translator (finding spm.model beside the data) agrees with it."""

@@ -18,7 +18,7 @@ from residual_fairseq.models import admin as admin_module
 from residual_fairseq.models import deepnet
 from residual_fairseq.models.postln_layers import ModelConfigError
 from residual_fairseq.variants import build_model
-from test_formula import SMALL, ffn, random_batch, randomise_norms
+from helpers.formula import SMALL, ffn, random_batch, randomise_norms
 
 BASELINES = ("deepnet", "admin", "b2t")
 

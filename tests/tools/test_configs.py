@@ -163,6 +163,7 @@ def test_unknown_choice_is_a_user_error():
         configs.fairseq_train_args(configs.load("sample-es-en", "post_ln", 3))
 
 
+@pytest.mark.slow
 def test_committed_yaml_trains_with_fairseq_hydra_train(toy_data_bin, tmp_path):
     """The OPUS ResiDual file as committed (0.05 dual-stream scale), shrunk by overrides."""
     save_dir = tmp_path / "hydra_run"

@@ -241,6 +241,7 @@ def test_paper_claims_at_initialisation_depth_24(toy, seed):
 # --- the command line ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_writes_every_number_and_figure(toy_data_bin, tmp_path):
     out = tmp_path / "analysis"
     args = [str(toy_data_bin), "--out", str(out), "--encoder-layers", "2", "--decoder-layers", "3",

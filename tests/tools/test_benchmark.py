@@ -12,6 +12,7 @@ from residual_fairseq.benchmark.speed import check_targets, schedule, summarize
 from residual_fairseq.variants import VARIANTS
 
 
+@pytest.mark.slow
 def test_speed_benchmark_reports_every_variant(toy_data_bin, tmp_path, capsys):
     out_json, out_md = tmp_path / "speed.json", tmp_path / "speed.md"
     main([
@@ -36,6 +37,7 @@ def test_speed_benchmark_reports_every_variant(toy_data_bin, tmp_path, capsys):
     assert markdown.count("| tiny | 1 |") == len(VARIANTS) and "residual-fairseq-benchmark speed" in markdown
 
 
+@pytest.mark.slow
 def test_depth_benchmark_reports_every_depth_and_variant(toy_data_bin, tmp_path, capsys):
     out_json = tmp_path / "depth.json"
     main([
@@ -52,6 +54,7 @@ def test_depth_benchmark_reports_every_depth_and_variant(toy_data_bin, tmp_path,
         assert f"{row['final_loss']:.3f}" in table
 
 
+@pytest.mark.slow
 def test_depth_benchmark_log_interval_reports_the_loss_along_the_way(toy_data_bin, tmp_path, capsys):
     """--log-interval N prints each run's training loss every N updates, so a run cut short
     by a time limit still shows how far it got; the last report is the loss the row ends on."""
@@ -66,6 +69,7 @@ def test_depth_benchmark_log_interval_reports_the_loss_along_the_way(toy_data_bi
     assert lines[-1].endswith(f"loss {row['final_loss']:.3f}")  # 4 updates: the last tenth is the last one
 
 
+@pytest.mark.slow
 def test_depth_benchmark_over_seeds_reports_mean_and_std(toy_data_bin, tmp_path, capsys):
     """--seeds runs the whole matrix per seed; each seed's runs equal a single --seed run
     (the seed fixes batches and initialisation), and the summary is their mean ± std."""

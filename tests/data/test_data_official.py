@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from residual_fairseq.data import PrepareOptions, prepare
-from test_data_builders import (
+from helpers.data_builders import (
     IWSLT_TEST_SETS, WMT_LONG_LINE, build_iwslt_archive, build_opus_archives, build_wmt_archives, numbered_pair,
 )
 

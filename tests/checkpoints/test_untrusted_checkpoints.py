@@ -576,6 +576,7 @@ def children_of(pid):
     return found
 
 
+@pytest.mark.slow
 def test_killing_the_driver_ends_fairseq_train(toy_data_bin, tmp_path):
     drivers = {}
     for signum in (signal.SIGKILL, signal.SIGTERM):

@@ -1,4 +1,5 @@
 """A ResiDual checkpoint reloaded through from_pretrained decodes exactly like the model that saved it."""
+import pytest
 import torch
 
 from fairseq import options, tasks
@@ -8,6 +9,9 @@ from fairseq.trainer import Trainer
 
 from helpers import TINY_TRAIN_ARGS, USER_DIR
 from residual_fairseq import ResiDualModel
+
+
+pytestmark = pytest.mark.slow  # every test here trains a model
 
 
 def train_in_memory(data_bin, save_dir, steps=30):

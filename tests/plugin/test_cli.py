@@ -1,11 +1,15 @@
 """The plugin through fairseq's real command-line tools, in subprocesses."""
 import re
 
+import pytest
 import sacrebleu
 import torch
 
 import residual_fairseq  # noqa: F401  (allowlists fairseq's checkpoint globals)
 from helpers import TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
+
+
+pytestmark = pytest.mark.slow  # every test here runs fairseq's CLIs in subprocesses
 
 
 def train_losses(log):

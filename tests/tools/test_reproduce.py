@@ -237,6 +237,7 @@ def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):
     """python scripts/reproduce.py works from a source checkout without installing: the
     runs' drivers must import that checkout's package, not another one installed."""
@@ -506,6 +507,7 @@ def test_seeds_that_did_not_learn_are_named_apart_from_the_means(tmp_path):
     assert abs(rows["post_ln"]["test_bleu_mean"] - 0.4) < 1e-9
 
 
+@pytest.mark.slow
 def test_a_driver_imports_everything_it_evaluates_with_when_it_starts():
     """Runs take hours: a package update meanwhile must not leave the driver importing new
     modules beside its old ones at the first evaluation (that killed a driver once)."""

@@ -112,6 +112,7 @@ def test_translate_input(capsys, bad_checkpoints, toy_data_bin, tmp_path):
         capsys, translate.main, [good, "--data", toy_data_bin, "--input", tmp_path / "long.txt"])
 
 
+@pytest.mark.slow
 def test_invalid_option_values(capsys, toy_data_bin, tmp_path):
     assert "argument --layers: must be at least 1, got 0" in user_error(capsys, train.main, [
         "--dataset", "sample-es-en", "--variant", "resi_dual", "--layers", "0", "--data", toy_data_bin,
@@ -129,6 +130,7 @@ def test_invalid_option_values(capsys, toy_data_bin, tmp_path):
 # --- what the system refuses: the same one line --------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_refused_write_is_one_line_and_a_closed_pipe_ends_quietly(capsys, monkeypatch):
     import errno
     import os

@@ -14,7 +14,7 @@ from helpers import user_error
 from residual_fairseq import average_checkpoints as averaging
 from residual_fairseq import evaluate
 from residual_fairseq.scoring import split_compounds, tokenized_bleu
-from trained_models import AVERAGE_LAST, TOY_EPOCHS, toy_evaluation
+from helpers.trained_models import AVERAGE_LAST, TOY_EPOCHS, toy_evaluation
 
 RAW_REFERENCES = [
     "The cat's toy is on the well-known mat.",
@@ -387,6 +387,7 @@ def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_
     assert evaluate.resolve_subword(None, toy_data_bin) == (None, None)
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_takes_fairseq_generate_with_it(tmp_path):
     """SIGTERM ends Python without cleanup: its fairseq-generate must not go on writing."""
     import signal

@@ -6,7 +6,12 @@ package contents and the ``--user-dir "$(python -m residual_fairseq)"`` recipe.
 """
 import sys
 
+import pytest
+
 from helpers import CLI_ENV, REPO, TINY_TRAIN_ARGS, run
+
+
+pytestmark = pytest.mark.slow  # every test here installs into a venv and trains
 
 
 def test_wheel_in_fresh_venv_trains_and_generates(toy_data_bin, tmp_path):
