@@ -35,7 +35,6 @@ from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from ..argtypes import layer_count
-
 from .postln_layers import ModelConfigError, refuse_unsupported_options
 
 # Preset suffix -> fairseq's preset function of the same sizes ("" is the base).
