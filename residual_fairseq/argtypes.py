@@ -63,6 +63,33 @@ def is_finite_number(value) -> bool:
         return False
 
 
+def positive_number(kind):
+    """A finite number > 0 of type ``kind`` (int or float): the models' dual-stream options
+    and ResiDual's layer counts."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def layer_count(text):
+    """An integer >= 1: the layer counts of the Post-LN family (deepnet, admin, b2t)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def finite_float(text):
     value = _number(text, float)
     if not math.isfinite(value):

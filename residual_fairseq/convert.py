@@ -1,21 +1,27 @@
 """Turn a checkpoint of the paper's authors' fairseq implementation into a ``resi_dual`` one.
 
-Their fairseq 0.12.2 code stores ResiDual as a fairseq transformer with four extra
-options and fairseq's parameter names throughout:
+Their code (microsoft/ResiDual, a fairseq 0.12 user dir) registers a model named
+``resi_dual`` too, with a config dataclass: fairseq stores its options as a plain dict
+(``cfg["model"]``, ``args`` None) with nested ``encoder``/``decoder`` dicts, fairseq's
+parameter names throughout, and four extra options:
 
     enc_res_input_norm_scale, dec_res_input_norm_scale   ->  dual_scale_encoder, dual_scale_decoder
     enc_alpha, dec_alpha                                 ->  main_alpha_encoder, main_alpha_decoder
     encoder.layer_norm.{weight,bias}  (LN_final of d)    ->  the same names here
+    encoder/decoder normalize_before (true in their yamls; their layers never read it)  ->  dropped, said on stderr
 
 So the weights carry over as they are; the stored config gets the project's option
 names and a ``resi_dual*`` architecture (``transformer_X`` becomes ``resi_dual_X``;
 the sizes stored in the config are kept either way). The result is checked by
 building the model and loading the weights strictly before anything is written,
-and is written atomically, never over an existing file.
+and is written atomically, never over an existing file. At s != 1 the converted model
+differs from theirs by up to ~3e-6 in log-probs: LN_final's eps is 1e-7 * s^2 here,
+1e-7 there (docs/conversion.md).
 
     residual-fairseq-convert authors_checkpoint.pt resi_dual_checkpoint.pt
 """
 import argparse
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -53,9 +59,33 @@ def resi_dual_arch(stored_arch) -> str:
     return RESI_DUAL_OF_PRESET.get(stored_arch, "resi_dual")
 
 
-def convert_state(state: dict, arch=None) -> dict:
-    """The converted checkpoint state (``state`` is changed in place and returned)."""
+def _drop_authors_normalize_before(options, authors: bool) -> list:
+    """``encoder``/``decoder`` ``normalize_before`` (nested, as the authors' config dataclass
+    stores it, or flat): the authors' yamls set it true and their layers never read it, so in
+    their checkpoint it is dropped; in any other it means a Pre-LN model, refused.
+    Returns the names dropped."""
+    dropped = []
+    for side in ("encoder", "decoder"):
+        nested = config_option(options, side)
+        for config, name, shown in ((nested, "normalize_before", f"{side}.normalize_before"),
+                                    (options, f"{side}_normalize_before", f"{side}_normalize_before")):
+            if not isinstance(config, (dict, Namespace)) or not config_option(config, name):
+                continue
+            if not authors:
+                raise UserError(f"the checkpoint's {side} is Pre-LN ({shown}): not a ResiDual model")
+            drop_config_option(config, name)
+            dropped.append(shown)
+    return dropped
+
+
+def convert_state(state: dict, arch=None, notes=None) -> dict:
+    """The converted checkpoint state (``state`` is changed in place and returned).
+
+    What was dropped is appended to ``notes``, one line each."""
+    notes = [] if notes is None else notes
     options = _options(state)
+    # The authors' config dataclass stores all four of their options.
+    authors = any(config_option(options, official) is not None for official in OFFICIAL_OPTION_NAMES)
     stored_arch = config_option(options, "_name") or config_option(options, "arch")
     new_arch = arch or resi_dual_arch(stored_arch)
     if new_arch not in FAIRSEQ_PRESET_OF:
@@ -70,9 +100,10 @@ def convert_state(state: dict, arch=None) -> dict:
                 raise UserError(f"the checkpoint's {official} is {str(value)[:40]!r}, not a finite number")
             set_config_option(options, ours, float(value))
         drop_config_option(options, official)
-    for side in ("encoder", "decoder"):
-        if config_option(options, f"{side}_normalize_before"):
-            raise UserError(f"the checkpoint's {side} is Pre-LN ({side}_normalize_before): not a ResiDual model")
+    dropped = _drop_authors_normalize_before(options, authors)
+    if dropped:
+        notes.append(f"note: dropped {' and '.join(dropped)} = true: the authors' ResiDual layers never read it "
+             "(their yamls set it); resi_dual's main stream is Post-LN, as theirs")
     set_config_option(options, "_name", new_arch)
     if config_option(options, "arch") is not None or isinstance(options, Namespace):
         set_config_option(options, "arch", new_arch)
@@ -115,9 +146,12 @@ def convert_checkpoint(source, output, arch=None) -> dict:
         raise UserError(f"{output} exists: choose a new output file (nothing is overwritten)")
     if output.resolve().parent.exists() and not output.resolve().parent.is_dir():
         raise UserError(f"cannot write {output}: its parent is not a directory")
-    state = convert_state(load_checkpoint_file(source), arch)
+    notes = []
+    state = convert_state(load_checkpoint_file(source), arch, notes)
     check_loads(state, source)
     save_checkpoint_atomically(state, output)
+    for note in notes:
+        print(note, file=sys.stderr)
     return state
 
 

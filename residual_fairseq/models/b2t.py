@@ -20,21 +20,22 @@ from torch import Tensor
 from fairseq.models import register_model
 
 from .postln_family import PostLNFamilyModel, fairseq_preset_of, register_presets, stacks_with
-from .postln_layers import PostLNDecoderLayer, PostLNEncoderLayer
+from .postln_layers import PostLNCombine, PostLNDecoderLayer, PostLNEncoderLayer
 
 
-class B2TEncoderLayer(PostLNEncoderLayer):
+class B2TCombine(PostLNCombine):
     def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
         if sublayer == self.FFN:  # the layer's last norm
             return residual + out + layer_input
         return residual + out
 
 
-class B2TDecoderLayer(PostLNDecoderLayer):
-    def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
-        if sublayer == self.FFN:  # the layer's last norm
-            return residual + out + layer_input
-        return residual + out
+class B2TEncoderLayer(B2TCombine, PostLNEncoderLayer):
+    pass
+
+
+class B2TDecoderLayer(B2TCombine, PostLNDecoderLayer):
+    pass
 
 
 B2TEncoder, B2TDecoder = stacks_with(B2TEncoderLayer, B2TDecoderLayer, "B2T")

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from fairseq.models import register_model
 
 from .postln_family import PostLNFamilyModel, fairseq_preset_of, register_presets, stacks_with
-from .postln_layers import PostLNDecoderLayer, PostLNEncoderLayer
+from .postln_layers import PostLNCombine, PostLNDecoderLayer, PostLNEncoderLayer
 
 
 def encoder_constants(encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:
@@ -47,12 +47,7 @@ def deepnorm_init(attentions, linears, beta: float) -> None:
         nn.init.xavier_normal_(linear.weight, gain=beta)
 
 
-class DeepNetEncoderLayer(PostLNEncoderLayer):
-    def __init__(self, cfg, return_fc=False):
-        super().__init__(cfg, return_fc=return_fc)
-        self.alpha, self.beta = encoder_constants(cfg.encoder.layers, cfg.decoder.layers)
-        deepnorm_init([self.self_attn], [self.fc1, self.fc2], self.beta)
-
+class DeepNormCombine(PostLNCombine):
     def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
         return residual * self.alpha + out
 
@@ -61,18 +56,19 @@ class DeepNetEncoderLayer(PostLNEncoderLayer):
         return f"alpha={self.alpha:.6g}, beta={self.beta:.6g}"
 
 
-class DeepNetDecoderLayer(PostLNDecoderLayer):
+class DeepNetEncoderLayer(DeepNormCombine, PostLNEncoderLayer):
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self.alpha, self.beta = encoder_constants(cfg.encoder.layers, cfg.decoder.layers)
+        deepnorm_init([self.self_attn], [self.fc1, self.fc2], self.beta)
+
+
+class DeepNetDecoderLayer(DeepNormCombine, PostLNDecoderLayer):
     def __init__(self, cfg, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn)
         self.alpha, self.beta = decoder_constants(cfg.decoder.layers)
         attentions = [self.self_attn] + ([self.encoder_attn] if self.encoder_attn is not None else [])
         deepnorm_init(attentions, [self.fc1, self.fc2], self.beta)
-
-    def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
-        return residual * self.alpha + out
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha:.6g}, beta={self.beta:.6g}"
 
 
 DeepNetEncoder, DeepNetDecoder = stacks_with(DeepNetEncoderLayer, DeepNetDecoderLayer, "DeepNet")

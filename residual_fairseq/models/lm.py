@@ -27,7 +27,7 @@ import numpy as np
 
 from omegaconf import OmegaConf, open_dict
 
-from fairseq.models import ARCH_CONFIG_REGISTRY, register_model, register_model_architecture
+from fairseq.models import ARCH_CONFIG_REGISTRY, register_model
 from fairseq.models.transformer import Embedding
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
@@ -37,11 +37,11 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
+from ..argtypes import positive_number
 from ..config_strings import CodeInConfigError, literal_value
-from .resi_dual import ResiDualConfig, ResiDualDecoder
-from .resi_dual import _positive
-from .resi_dual import validate as validate_resi_dual
+from .postln_family import fairseq_preset_of, register_presets, set_option_types
 from .postln_layers import ModelConfigError
+from .resi_dual import ResiDualConfig, ResiDualDecoder, ResiDualModel
 
 
 def _restore_numpy_compat_long():
@@ -110,7 +110,7 @@ def _shown(value, limit=60):
 def validate(args, cfg) -> None:
     """Reject options that contradict the ResiDual formula (the translation model's checks,
     one place) or that this language model does not build."""
-    validate_resi_dual(cfg)
+    ResiDualModel.validate(cfg)
     if args.character_embeddings:
         # fairseq builds these from eval(--character-filters); not worth that risk here.
         raise ResiDualLanguageModelError("--character-embeddings is not supported by resi_dual_lm")
@@ -134,10 +134,9 @@ class ResiDualLanguageModel(TransformerLanguageModel):
     def add_args(cls, parser):
         super().add_args(parser)
         # Check numbers while parsing, so a bad value is one argparse error line.
-        checks = {"dual_scale_decoder": _positive(float), "main_alpha_decoder": _positive(float),
-                  "decoder_layers": _positive(int)}
-        for action in getattr(parser, "_group_actions", parser._actions):
-            action.type = checks.get(action.dest, action.type)
+        set_option_types(parser, {"dual_scale_decoder": positive_number(float),
+                                  "main_alpha_decoder": positive_number(float),
+                                  "decoder_layers": positive_number(int)})
 
     @classmethod
     def build_model(cls, args, task):
@@ -197,33 +196,19 @@ def resi_dual_lm_defaults(args):
     args.main_alpha_decoder = safe_getattr(args, "main_alpha_decoder", 1.0)
 
 
-def _register_preset(suffix):
-    fairseq_preset = ARCH_CONFIG_REGISTRY[f"transformer_lm_{suffix}"]
-    arch = f"resi_dual_lm_{suffix}"
-
-    @register_model_architecture("resi_dual_lm", arch)
-    def preset(args):
-        # What the user chose for the two scheme options, before fairseq's preset
-        # overwrites them (store_true flags arrive as False when not given).
-        pre_ln = safe_getattr(args, "decoder_normalize_before", False)
-        no_final_norm = safe_getattr(args, "no_decoder_final_norm", False)
-        resi_dual_lm_defaults(args)
-        fairseq_preset(args)
-        args.decoder_normalize_before = pre_ln  # build_model rejects True
-        args.no_decoder_final_norm = no_final_norm  # likewise
-
-    preset.__name__ = arch
-    return preset
-
-
 # Suffixes of fairseq's transformer_lm presets mirrored here (all of them but the
-# aliases; ``resi_dual_lm`` itself mirrors ``transformer_lm``).
+# aliases; ``resi_dual_lm`` itself mirrors ``transformer_lm``). What the user chose for
+# the two scheme options survives fairseq's preset, which forces Pre-LN and (wiki103)
+# no final norm: build_model refuses either.
 PRESET_SUFFIXES = (
     "big", "wiki103", "gbw", "gpt", "gpt2_tiny", "gpt2_small", "gpt2_medium", "gpt2_big",
     "gpt3_small", "gpt3_medium", "gpt3_large", "gpt3_xl",
 )
-PRESETS = {f"resi_dual_lm_{suffix}": _register_preset(suffix) for suffix in PRESET_SUFFIXES}
+PRESETS = register_presets(
+    "resi_dual_lm", resi_dual_lm_defaults,
+    presets={suffix: ARCH_CONFIG_REGISTRY[f"transformer_lm_{suffix}"] for suffix in PRESET_SUFFIXES},
+    keep=("decoder_normalize_before", "no_decoder_final_norm"),
+)
 
 # fairseq architecture each ResiDual LM architecture mirrors (used by docs and tests).
-FAIRSEQ_PRESET_OF = {"resi_dual_lm": "transformer_lm",
-                     **{f"resi_dual_lm_{suffix}": f"transformer_lm_{suffix}" for suffix in PRESET_SUFFIXES}}
+FAIRSEQ_PRESET_OF = fairseq_preset_of("resi_dual_lm", ("",) + PRESET_SUFFIXES, "transformer_lm")

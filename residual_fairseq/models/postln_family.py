@@ -1,21 +1,21 @@
-"""What every Post-LN-family model of this package shares: registration and stacks.
+"""What every residual scheme's encoder-decoder of this package shares: the model base and presets.
 
 DeepNet, Admin and B2T change only the sum a sublayer's norm normalises
-(:meth:`~.postln_layers.PostLNEncoderLayer.combine`), so each is fairseq's
+(:meth:`~.postln_layers.PostLNCombine.combine`), so each is fairseq's
 transformer with its layers swapped: fairseq's own ``TransformerEncoderBase`` /
-``TransformerDecoderBase`` run the layer loop, and :class:`PostLNFamilyModel`
-overrides only ``build_encoder_layer`` / ``build_decoder_layer`` (through
-:func:`stacks_with`) and ``build_model``.
+``TransformerDecoderBase`` run the layer loop (:func:`stacks_with`). ResiDual also
+hands a second stream from layer to layer, so its stacks own the loop (resi_dual.py);
+its model is a :class:`PostLNFamilyModel` like the others.
 
-Registration is the legacy one (``--arch X`` on the flat command line, as fairseq's
-``transformer_legacy.py``), and ``build_model`` converts the options with the
-scheme's own config dataclass, skipping ``TransformerModel.build_model``, which
-would convert them to a plain ``TransformerConfig`` and drop a scheme's fields on
-the ``fairseq-hydra-train`` path (see resi_dual.py). Each scheme gets the six
-presets of ``resi_dual`` (:data:`PRESETS`), the sizes of fairseq's ``transformer_X``.
+:class:`PostLNFamilyModel` overrides only ``add_args`` (number checks while parsing),
+``build_model`` and ``build_encoder`` / ``build_decoder``. Registration is the legacy
+one (``--arch X`` on the flat command line, as fairseq's ``transformer_legacy.py``),
+and ``build_model`` converts the options with the scheme's own config dataclass,
+skipping ``TransformerModel.build_model``, which would convert them to a plain
+``TransformerConfig`` and drop a scheme's fields on the ``fairseq-hydra-train`` path.
+Each scheme gets the six presets of :data:`PRESETS` (:func:`register_presets`), the
+sizes of fairseq's ``transformer_X``; :func:`fairseq_preset_of` names them.
 """
-import argparse
-
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model_architecture
@@ -31,7 +31,10 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer import transformer_legacy as fairseq_presets
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.utils import safe_getattr
+from omegaconf import OmegaConf
 
+from ..argtypes import layer_count
 from .postln_layers import ModelConfigError, refuse_unsupported_options
 
 # Preset suffix -> fairseq's preset function of the same sizes ("" is the base).
@@ -77,14 +80,33 @@ def stacks_with(encoder_layer_class, decoder_layer_class, name: str):
     return Encoder, Decoder
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def set_option_types(parser, types: dict) -> None:
+    """Give the options ``types`` names (by dest) their value parser, so that a bad value
+    is one argparse error line while the command line is parsed."""
+    for action in getattr(parser, "_group_actions", parser._actions):
+        action.type = types.get(action.dest, action.type)
+
+
+def refuse_nested_normalize_before(args, scheme: str, why: str = "") -> None:
+    """A hydra config's ``model.encoder.normalize_before: true``: one line naming the
+    override that builds the model (``why``: where such a config comes from)."""
+    if not OmegaConf.is_config(args):
+        return
+    sides = [side for side in ("encoder", "decoder")
+             if OmegaConf.is_config(args.get(side)) and args.get(side).get("normalize_before")]
+    if sides:
+        names = " and ".join(f"model.{side}.normalize_before" for side in sides)
+        raise ModelConfigError(
+            f"{names} {'is' if len(sides) == 1 else 'are'} true, which does not apply to {scheme}: "
+            f"override with {' '.join(f'model.{side}.normalize_before=false' for side in sides)}{why}"
+        )
+
+
+def check_layer_counts(cfg) -> None:
+    """The model-level check of the layer counts (a config that did not come through argparse)."""
+    for side in ("encoder", "decoder"):
+        if getattr(cfg, side).layers < 1:
+            raise ModelConfigError(f"--{side}-layers must be at least 1, got {getattr(cfg, side).layers}")
 
 
 class PostLNFamilyModel(TransformerModel):
@@ -92,8 +114,11 @@ class PostLNFamilyModel(TransformerModel):
 
     config_class = TransformerConfig  # the scheme's config dataclass
     scheme = ""                       # its name in error messages
+    scheme_note = "its layers are Post-LN"  # why normalize_before does not apply
+    nested_normalize_before_note = ""  # where a config with model.encoder.normalize_before comes from
     encoder_class = TransformerEncoderBase
     decoder_class = TransformerDecoderBase
+    option_types = {"encoder_layers": layer_count, "decoder_layers": layer_count}
 
     @classmethod
     def hub_models(cls):
@@ -103,9 +128,7 @@ class PostLNFamilyModel(TransformerModel):
     def add_args(cls, parser):
         # No defaults here, so that the architecture presets can fill them in.
         gen_parser_from_dataclass(parser, cls.config_class(), delete_default=True, with_prefix="")
-        for action in getattr(parser, "_group_actions", parser._actions):
-            if action.dest in ("encoder_layers", "decoder_layers"):
-                action.type = _positive_int
+        set_option_types(parser, cls.option_types)
 
     @classmethod
     def base_architecture(cls, args):
@@ -115,13 +138,12 @@ class PostLNFamilyModel(TransformerModel):
     @classmethod
     def validate(cls, cfg) -> None:
         """Reject options that contradict the scheme's formula."""
-        refuse_unsupported_options(cfg, f"{cls.scheme} (its layers are Post-LN)")
-        for side in ("encoder", "decoder"):
-            if getattr(cfg, side).layers < 1:
-                raise ModelConfigError(f"--{side}-layers must be at least 1, got {getattr(cfg, side).layers}")
+        refuse_unsupported_options(cfg, f"{cls.scheme} ({cls.scheme_note})")
+        check_layer_counts(cfg)
 
     @classmethod
     def build_model(cls, args, task):
+        refuse_nested_normalize_before(args, f"{cls.scheme} ({cls.scheme_note})", cls.nested_normalize_before_note)
         cls.base_architecture(args)
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
@@ -148,26 +170,30 @@ class PostLNFamilyModel(TransformerModel):
         return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
-def register_presets(model_name: str, scheme_defaults=None) -> dict:
+def register_presets(model_name: str, scheme_defaults=None, presets=PRESETS, keep=()) -> dict:
     """Register ``<model_name>[_<suffix>]`` for every preset; returns {arch name: function}.
 
-    ``scheme_defaults(args)`` fills the scheme's own options before the sizes.
+    ``presets`` maps a suffix to fairseq's preset function of those sizes.
+    ``scheme_defaults(args)`` fills the scheme's own options before the sizes; the
+    options named in ``keep`` keep the user's value (False when unset) over the preset's.
     """
     registered = {}
-    for suffix, fairseq_preset in PRESETS.items():
+    for suffix, fairseq_preset in presets.items():
         arch = preset_name(model_name, suffix)
 
         def preset(args, fairseq_preset=fairseq_preset):
+            kept = {name: safe_getattr(args, name, False) for name in keep}
             if scheme_defaults is not None:
                 scheme_defaults(args)
             fairseq_preset(args)
+            for name, value in kept.items():
+                setattr(args, name, value)
 
         preset.__name__ = arch
         registered[arch] = register_model_architecture(model_name, arch)(preset)
     return registered
 
 
-def fairseq_preset_of(model_name: str) -> dict:
-    """{our arch name: fairseq's arch of the same sizes}, for docs and tests."""
-    return {preset_name(model_name, suffix): preset_name("transformer", suffix) for suffix in PRESETS}
-
+def fairseq_preset_of(model_name: str, suffixes=PRESETS, fairseq_model: str = "transformer") -> dict:
+    """{our arch name: fairseq's arch of the same sizes}, for docs, tests and convert."""
+    return {preset_name(model_name, suffix): preset_name(fairseq_model, suffix) for suffix in suffixes}

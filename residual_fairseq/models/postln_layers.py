@@ -40,10 +40,20 @@ CROSS_ATTN = 1
 FFN = 2
 
 
-class _SublayerIndices:
+class PostLNCombine:
+    """The sublayer indices (as TorchScript-readable constants) and Post-LN's :meth:`combine`.
+
+    A scheme whose encoder and decoder layers combine alike writes one such class and
+    puts it first in both layers' bases (see b2t.py, deepnet.py).
+    """
+
     SELF_ATTN: Final[int] = SELF_ATTN
     CROSS_ATTN: Final[int] = CROSS_ATTN
     FFN: Final[int] = FFN
+
+    def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
+        """The sum that the sublayer's norm normalises (Post-LN: ``residual + F``)."""
+        return residual + out
 
 
 class ModelConfigError(UserError, ValueError):
@@ -74,12 +84,8 @@ def _attention_mask(attn_mask: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
     return attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
 
 
-class PostLNEncoderLayer(_SublayerIndices, TransformerEncoderLayerBase):
+class PostLNEncoderLayer(PostLNCombine, TransformerEncoderLayerBase):
     """fairseq's encoder layer, Post-LN, with :meth:`combine` and :meth:`sublayers` open."""
-
-    def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
-        """The sum that the sublayer's norm normalises (Post-LN: ``residual + F``)."""
-        return residual + out
 
     def sublayers(
         self, x: Tensor, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None
@@ -106,12 +112,8 @@ class PostLNEncoderLayer(_SublayerIndices, TransformerEncoderLayerBase):
         return x
 
 
-class PostLNDecoderLayer(_SublayerIndices, TransformerDecoderLayerBase):
+class PostLNDecoderLayer(PostLNCombine, TransformerDecoderLayerBase):
     """fairseq's decoder layer, Post-LN, with :meth:`combine` and :meth:`sublayers` open."""
-
-    def combine(self, sublayer: int, out: Tensor, residual: Tensor, layer_input: Tensor) -> Tensor:
-        """The sum that the sublayer's norm normalises (Post-LN: ``residual + F``)."""
-        return residual + out
 
     def sublayers(
         self,

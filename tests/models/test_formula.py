@@ -97,3 +97,55 @@ def test_matches_the_authors_definition_at_s_1(scale):
     torch.testing.assert_close(out, authors, rtol=0, atol=1e-5)
     if scale != 1.0:  # an unscaled eps would not do: the guard above can fail
         assert not torch.allclose(out, fairseq_eps, rtol=0, atol=1e-5)
+
+
+# --- the owned fairseq loops: fairseq's lines, each difference marked ------------------------
+
+def _body_lines(function):
+    """The function's source lines without its docstring, blank lines and trailing ``# ResiDual:`` notes."""
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(function))
+    node = ast.parse(source).body[0]
+    lines = source.splitlines()
+    first = node.body[0]
+    skip = set()
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        skip = set(range(first.lineno - 1, first.end_lineno))
+    return [line for i, line in enumerate(lines) if i not in skip and line.strip()]
+
+
+@pytest.mark.parametrize("ours,theirs", [
+    ("ResiDualEncoder.forward_scriptable", "TransformerEncoderBase.forward_scriptable"),
+    ("ResiDualDecoder.extract_features_scriptable", "TransformerDecoderBase.extract_features_scriptable"),
+])
+def test_owned_fairseq_loops_mark_every_line_that_differs(ours, theirs):
+    """A reader checks the formula against resi_dual.py by reading the ``# ResiDual:`` lines alone:
+    every other line of the owned loop is the installed fairseq's, in fairseq's order."""
+    import difflib
+
+    from fairseq.models import transformer
+    from residual_fairseq.models import resi_dual
+
+    def method(module, dotted):
+        owner, name = dotted.split(".")
+        return getattr(getattr(module, owner), name)
+
+    mine = _body_lines(method(resi_dual, ours))
+    fairseq_lines = _body_lines(method(transformer, theirs))
+    marked = [line.split("  # ResiDual:")[0].rstrip() if "# ResiDual:" in line and line.strip()[0] != "#" else line
+              for line in mine]
+    unmarked_differences = []
+    matcher = difflib.SequenceMatcher(a=fairseq_lines, b=[line.rstrip() for line in marked], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "delete":  # fairseq lines left out: a marked note must stand in their place
+            if not any("# ResiDual:" in line for line in mine[max(j1 - 1, 0):j1 + 1]):
+                unmarked_differences += [f"- {line.strip()}" for line in fairseq_lines[i1:i2]]
+            continue
+        unmarked_differences += [f"+ {line.strip()}" for line in mine[j1:j2] if "# ResiDual:" not in line]
+    assert not unmarked_differences, "\n".join(unmarked_differences)
+    assert sum("# ResiDual: eq." in line for line in mine) == 3  # (1), (2) and (3) of dual_stream.py
