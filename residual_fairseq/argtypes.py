@@ -5,7 +5,8 @@ argparse's one line (``prog: error: argument --beam: must be at least 1, got 0``
 exit status 2, before anything is loaded or written. The path checks raise
 :class:`~residual_fairseq.errors.UserError` for an output that could not be written
 (an existing directory where a file goes, a parent that is a file), which a CLI
-turns into ``error: ...`` and exit 2, also before any work.
+turns into ``error: ...`` and exit 2, also before any work. :func:`refuse_repeated_options`
+makes a parser refuse a single-valued option given twice with different values.
 """
 import argparse
 import math

@@ -111,7 +111,8 @@ def test_nonsense_numbers_fail_in_the_python_api(tmp_path, settings, message):
 def test_cleaning_that_leaves_nothing_to_train_on_is_an_error(tmp_path):
     source, target = write_plain_pair(tmp_path / "in", 30)
     # Every numbered pair has more than 2 subword tokens after segmentation: nothing survives.
-    with pytest.raises(DataPreparationError, match="no (train|valid|test) pairs left"):
+    with pytest.raises(DataPreparationError, match=r"no (train|valid|test) pairs left after cleaning \(min/max length "
+                       r"1/2, length ratio 1.5; \d+ dropped: \d+ too short or too long\): loosen the limits"):
         prepare(custom_options(tmp_path, [source, target], subword="spm-bpe", max_len=2))
     assert not (tmp_path / "out").exists()
 

@@ -422,7 +422,7 @@ def run_pipeline(recipe, options, settings, staging):
         if not sources:
             raise DataPreparationError(
                 f"no {split} pairs left after cleaning (min/max length {options.min_len}/{options.max_len}, "
-                f"length ratio {options.length_ratio or 'off'}): loosen the limits")
+                f"length ratio {options.length_ratio or 'off'}; {build.skips.describe()}): loosen the limits")
     for split, (sources, targets) in splits.items():
         write_lines(staging / f"{split}.{src}", sources)
         write_lines(staging / f"{split}.{tgt}", targets)

@@ -201,8 +201,8 @@ def read_tsv_pairs(path, skips, source_column=0, target_column=1, flag=None):
         targets.append(fields[target_column])
     if widths and max(widths) <= max(source_column, target_column):
         has = f"{min(widths)} to {max(widths)}" if len(widths) > 1 else f"{max(widths)}"
-        asked = f"{flag} {source_column},{target_column} asks for" if flag else "reading"
-        raise DataPreparationError(
-            f"TSV file {path} has {has} tab-separated column(s) per row, but {asked} columns {source_column} "
-            f"and {target_column} (counted from 0): no row has them")
+        asked = (f"{flag} {source_column},{target_column} asks for columns {source_column} and {target_column}"
+                 if flag else f"columns {source_column} and {target_column} are read")
+        raise DataPreparationError(f"TSV file {path} has {has} tab-separated column(s) per row, but {asked} "
+                                   "(counted from 0): no row has them")
     return sources, targets
