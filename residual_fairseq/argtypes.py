@@ -5,13 +5,15 @@ argparse's one line (``prog: error: argument --beam: must be at least 1, got 0``
 exit status 2, before anything is loaded or written. The path checks raise
 :class:`~residual_fairseq.errors.UserError` for an output that could not be written
 (an existing directory where a file goes, a parent that is a file), which a CLI
-turns into ``error: ...`` and exit 2, also before any work.
+turns into ``error: ...`` and exit 2, also before any work. :func:`refuse_repeated_options`
+makes a parser refuse a single-valued option given twice with different values.
 """
 import argparse
 import math
 import os
 import shlex
 import stat
+import weakref
 from pathlib import Path
 
 from .errors import UserError
@@ -193,17 +195,42 @@ BOMS = (
 )
 
 
+def text_encoding(data: bytes):
+    """``(encoding, mark length)`` of text a user handed us: UTF-8 unless a byte-order mark says
+    otherwise and the bytes after it really are that encoding.
+
+    A UTF-8 mark is always one. A UTF-16/32 mark is trusted only when the rest is empty or holds a
+    NUL byte (every UTF-16/32 text with a line end or an ASCII character does; UTF-8 text never
+    does), or else when the rest is not UTF-8 but does decode as the marked encoding. Bytes FF FE
+    never occur in UTF-8, and a UTF-8 file that happens to start with them (a stray pair of bytes)
+    read as UTF-16 would be one garbled line: such a file is UTF-8 whose first line is undecodable.
+    """
+    for bom, encoding in BOMS:
+        if data.startswith(bom):
+            break
+    else:
+        return "utf-8", 0
+    body = data[len(bom):]
+    if encoding == "utf-8" or not body or b"\x00" in body:
+        return encoding, len(bom)
+    for candidate, mark_length in (("utf-8", 0), (encoding, len(bom))):
+        try:
+            body.decode(candidate)
+        except UnicodeDecodeError:
+            continue
+        return candidate, mark_length
+    return "utf-8", 0
+
+
 def decode_user_text(data: bytes, name: str) -> str:
-    """Text a user handed us: UTF-8, or UTF-16/32 recognised by its byte-order mark.
+    """Text a user handed us: UTF-8, or UTF-16/32 recognised by its byte-order mark
+    (:func:`text_encoding`).
 
     The mark is dropped. Bytes that are not valid in that encoding are a UserError
     naming the line, never a traceback or silently garbled text.
     """
-    encoding = "utf-8"
-    for bom, bom_encoding in BOMS:
-        if data.startswith(bom):
-            data, encoding = data[len(bom):], bom_encoding
-            break
+    encoding, mark_length = text_encoding(data)
+    data = data[mark_length:]
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as err:
@@ -250,3 +277,48 @@ def split_lines(text: str):
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+# --- options given twice ----------------------------------------------------------------------
+
+def refuse_repeated_options(parser):
+    """Make every single-valued option of ``parser`` refuse a second, different value.
+
+    argparse keeps the last of ``--out A --out B`` (or ``--lowercase --no-lowercase``) and
+    drops the first without a word; here that is ``PROG: error: argument --out: given twice
+    with different values (A, then B): give it once``. The same value twice is harmless and
+    accepted; options that collect several values (``nargs='+'`` with ``extend``) are untouched.
+    """
+    for action in parser._actions:
+        if isinstance(action, (argparse._StoreAction, argparse._StoreConstAction, argparse.BooleanOptionalAction)):
+            action.__class__ = _given_once(type(action))
+    return parser
+
+
+_ONCE_CLASSES = {}
+
+
+def _given_once(action_class):
+    if action_class not in _ONCE_CLASSES:
+        def __call__(self, parser, namespace, values, option_string=None):
+            action_class.__call__(self, parser, namespace, values, option_string)
+            value = getattr(namespace, self.dest)
+            given = self.__dict__.setdefault("_given", {})  # per parse, keyed by its namespace while it lives
+            key = id(namespace)
+            if key not in given:
+                given[key] = (option_string, value)
+                weakref.finalize(namespace, given.pop, key, None)
+            elif given[key][1] != value:
+                (first, before), shown = given[key], self.nargs != 0  # flags without a value: their names say it
+                raise argparse.ArgumentError(
+                    self, f"given twice with different values ({first}{_shown(before) if shown else ''}, then "
+                          f"{option_string}{_shown(value) if shown else ''}): give it once")
+
+        _ONCE_CLASSES[action_class] = type(action_class.__name__, (action_class,), {"__call__": __call__})
+    return _ONCE_CLASSES[action_class]
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return " " + " ".join(str(item) for item in value)
+    return f" {value}"

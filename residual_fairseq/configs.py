@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from .argtypes import is_digits
+from .argtypes import is_digits, refuse_repeated_options
 from .atomic import write_text_atomically
 from .errors import UserError, cli_main
 from .resources import shipped_dir
@@ -306,6 +306,17 @@ def stale_run_files(write: bool = False) -> list:
     return stale
 
 
+# What --flags prints for Admin's profile, which only a profiling pass over the run's data can fill.
+PROFILE_PLACEHOLDER = "PROFILE"
+
+
+def profile_note() -> str:
+    """The line --flags adds (on stderr) for Admin: where its PROFILE file comes from."""
+    return (f"note: {PROFILE_PLACEHOLDER} is Admin's profile of this run's data, written by "
+            f"`python3 -m residual_fairseq.admin_profile {PROFILE_PLACEHOLDER} -- <these flags without "
+            f"--admin-profile {PROFILE_PLACEHOLDER}>` (residual-fairseq-train --variant admin does both steps)")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m residual_fairseq.configs",
@@ -315,8 +326,9 @@ def build_parser():
     action.add_argument("--write", action="store_true", help="regenerate the per-run yaml files")
     action.add_argument("--check", action="store_true", help="exit 1 when a per-run yaml file is stale")
     action.add_argument("--flags", nargs=3, metavar=("DATASET", "VARIANT", "LAYERS"),
-                        help="print the fairseq-train flags of one config (data: DATA)")
-    return parser
+                        help="print the fairseq-train flags of one config (data: DATA; Admin's profile: "
+                             f"{PROFILE_PLACEHOLDER}, with a note on stderr on how to write it)")
+    return refuse_repeated_options(parser)
 
 
 @cli_main
@@ -326,8 +338,13 @@ def main(argv=None):
         dataset, variant, layers = args.flags
         if not is_digits(layers):
             raise UserError(f"--flags LAYERS must be a whole number, got {layers!r}")
-        settings = load(dataset, variant, int(layers), {"task": {"data": "DATA"}, "common": {"user_dir": "PLUGIN"}})
+        placeholders = {"task": {"data": "DATA"}, "common": {"user_dir": "PLUGIN"}}
+        if needs_profile(variant):
+            placeholders["model"] = {"admin_profile": PROFILE_PLACEHOLDER}
+        settings = load(dataset, variant, int(layers), placeholders)
         print(shlex.join(fairseq_train_args(settings)))
+        if needs_profile(variant):
+            print(profile_note(), file=sys.stderr)
     elif args.write or args.check:
         stale = stale_run_files(write=args.write)
         verb = "rewrote" if args.write else "stale"

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..argtypes import int_at_least, nonnegative_float, nonnegative_int, positive_int
+from ..argtypes import int_at_least, nonnegative_float, nonnegative_int, positive_int, refuse_repeated_options
 from ..errors import cli_main
 from ..runtime import add_verbose_flag
 from .datasets import RECIPES
@@ -74,7 +74,7 @@ def build_parser():
     run.add_argument("--force", action="store_true", help="replace an output directory holding other data")
     run.add_argument("--quiet", action="store_true", help="no progress bars or info messages")
     add_verbose_flag(run)
-    return parser
+    return refuse_repeated_options(parser)
 
 
 def options_from_arguments(args):

@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from ..argtypes import same_file
 from .corpus import Bitext, Cleaning, CorpusBuild
 from .download import download, find_file, sha256_of, unpack_sources
 from ..resources import shipped_dir
@@ -99,14 +100,17 @@ def text_steps(options, lang, aggressive=False):
     return Pipeline(steps)
 
 
-def process_pair(options, build, source_lines, target_lines, label, aggressive=False, drop_empty=True):
-    """Tokenize both sides (per ``options``) and pair them up; returns (sources, targets)."""
+def process_pair(options, build, source_lines, target_lines, label, aggressive=False, drop_empty=True, names=None):
+    """Tokenize both sides (per ``options``) and pair them up; returns (sources, targets).
+
+    ``names``: what the two sides are called in messages (default ``LABEL.SRC``, ``LABEL.TGT``).
+    """
     source_steps = text_steps(options, build.source_lang, aggressive)
     target_steps = text_steps(options, build.target_lang, aggressive)
     sources = map_lines(source_steps, source_lines, options.workers)
     targets = map_lines(target_steps, target_lines, options.workers)
-    return pair_up(sources, targets, build.skips, f"{label}.{build.source_lang}",
-                   f"{label}.{build.target_lang}", drop_empty=drop_empty)
+    names = names or (f"{label}.{build.source_lang}", f"{label}.{build.target_lang}")
+    return pair_up(sources, targets, build.skips, *names, drop_empty=drop_empty)
 
 
 def test_segments(path):
@@ -247,8 +251,10 @@ class Opus100(Recipe):
                 (lang,) = codes - {"en"}
             if lang not in OPUS100_LANGUAGES:
                 raise DataPreparationError(f"unknown language code {lang!r}: OPUS-100 has {' '.join(sorted(OPUS100_LANGUAGES))}")
-            if lang not in languages:
-                languages.append(lang)
+            if lang in languages:
+                raise DataPreparationError(f"--pairs names {lang} twice ({','.join(options.pairs)}): "
+                                           "give each pair once")
+            languages.append(lang)
         if not languages:
             raise DataPreparationError("opus-100 needs --pairs, e.g. --pairs de,fr (each paired with English)")
         if options.directions not in ("both", "from-en", "to-en"):
@@ -326,12 +332,14 @@ class HeldOutSplits:
     """Seeded valid/test sample from a single training corpus (your own corpus without dev/test)."""
 
     @staticmethod
-    def split(sources, targets, valid_size, test_size, seed):
+    def split(sources, targets, valid_size, test_size, seed, dropped=None, unit="pairs"):
+        """``dropped``: what reading dropped (a :class:`SkipCounter`), said when too little is left."""
         order = list(range(len(sources)))
         random.Random(seed).shuffle(order)
         if valid_size + test_size >= len(order):
+            after = f" (after reading: {dropped.describe()})" if dropped is not None and dropped.counts else ""
             raise DataPreparationError(
-                f"corpus has {len(order)} pairs: too few to hold out {valid_size} valid + {test_size} test; "
+                f"corpus has {len(order)} {unit}{after}: too few to hold out {valid_size} valid + {test_size} test; "
                 "pass --valid-size/--test-size or --valid/--test files"
             )
         valid_ids = set(order[:valid_size])
@@ -344,18 +352,43 @@ class HeldOutSplits:
 
 
 def read_pair_files(paths, options, skips, role):
-    """Raw (source, target) lines of one split given as one TSV or two aligned files."""
+    """Raw (source, target) lines of one split given as one TSV or two aligned files, and
+    what each side is called in messages."""
     paths = [Path(path) for path in paths]
     if len(paths) == 1:
         source_column, target_column = options.tsv_columns
-        return read_tsv_pairs(paths[0], skips, source_column, target_column)
+        sources, targets = read_tsv_pairs(paths[0], skips, source_column, target_column, flag="--tsv-columns")
+        return sources, targets, (f"{paths[0]} column {source_column}", f"{paths[0]} column {target_column}")
     if len(paths) == 2:
         source_lines, target_lines = read_lines(paths[0]), read_lines(paths[1])
         if len(source_lines) != len(target_lines):
             raise DataPreparationError(f"line counts differ: {paths[0]} has {len(source_lines)} lines, "
                                        f"{paths[1]} has {len(target_lines)}")
-        return source_lines, target_lines
+        return source_lines, target_lines, (str(paths[0]), str(paths[1]))
     raise DataPreparationError(f"--{role} takes one TSV file or two aligned files (source, target)")
+
+
+def check_distinct_files(named_paths):
+    """Refuse a file given twice (``named_paths``: (what, path) pairs): as both sides of a pair it
+    would train copying, in two splits it would measure on training data, twice as the same input
+    it would count its data twice; in no case is it what was meant."""
+    seen = []
+    for name, path in named_paths:
+        for other_name, other in seen:
+            if same_file(path, other):
+                where = f"as {other_name} and as {name}" if other_name != name else f"twice to {name}"
+                raise DataPreparationError(f"{path} is given {where}: give each file once")
+        seen.append((name, path))
+
+
+def split_files(options):
+    """(flag, path) of every file given to --train/--valid/--test (a pair's two sides named apart)."""
+    named = []
+    for split in ("train", "valid", "test"):
+        paths = getattr(options, split)
+        sides = ("source", "target") if len(paths) == 2 else ("",) * len(paths)
+        named += [(f"--{split} {side}".rstrip(), path) for side, path in zip(sides, paths)]
+    return named
 
 
 class OwnCorpus(Recipe):
@@ -376,6 +409,7 @@ class OwnCorpus(Recipe):
             raise DataPreparationError("--source-lang and --target-lang must differ")
         if not options.train:
             raise DataPreparationError("custom corpora need --train SRC_FILE TGT_FILE or --train FILE.tsv")
+        check_distinct_files(split_files(options))
         resolved = [[Path(path).resolve() for path in paths] for paths in (options.train, options.valid, options.test)]
         return fill_defaults(replace(options, train=resolved[0], valid=resolved[1], test=resolved[2]), self.defaults)
 
@@ -391,7 +425,9 @@ class OwnCorpus(Recipe):
         self.add_parts(options, build, raw)
 
     def add_parts(self, options, build, raw):
-        processed = {split: process_pair(options, build, lines[0], lines[1], split) for split, lines in raw.items()}
+        """``raw``: {split: (source lines, target lines, the two sides' names for messages)}."""
+        processed = {split: process_pair(options, build, sources, targets, split, names=names)
+                     for split, (sources, targets, names) in raw.items()}
         build.steps.append(f"pairs with an empty or non-UTF-8 side dropped; {text_steps(options, build.source_lang).description}")
         missing = [split for split in ("valid", "test") if split not in processed]
         if missing:
@@ -399,7 +435,8 @@ class OwnCorpus(Recipe):
             valid_size = options.valid_size if options.valid_size is not None else min(self.DEFAULT_HELD_OUT, limit)
             test_size = options.test_size if options.test_size is not None else min(self.DEFAULT_HELD_OUT, limit)
             sizes = {"valid": valid_size if "valid" in missing else 0, "test": test_size if "test" in missing else 0}
-            held = HeldOutSplits.split(*processed["train"], sizes["valid"], sizes["test"], options.seed)
+            held = HeldOutSplits.split(*processed["train"], sizes["valid"], sizes["test"], options.seed,
+                                       dropped=build.skips)
             processed["train"] = held["train"]
             for split in missing:
                 processed[split] = held[split]
@@ -424,6 +461,9 @@ class SampleEsEn(OwnCorpus):
         return Recipe.resolve(self, options)
 
     def corpus_dir(self, options):
+        if len(options.from_archive) > 1:
+            raise DataPreparationError(f"{self.name} reads one --from-archive directory (the sample's), "
+                                       f"got {len(options.from_archive)}")
         directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
         if not (directory / "train.tsv.gz").is_file():
             raise DataPreparationError(
@@ -442,7 +482,8 @@ class SampleEsEn(OwnCorpus):
         columns = (self.COLUMNS[build.source_lang], self.COLUMNS[build.target_lang])
         raw = {}
         for split, path in zip(("train", "valid", "test"), files):
-            raw[split] = read_tsv_pairs(path, build.skips, *columns)
+            names = tuple(f"{path} column {column}" for column in columns)
+            raw[split] = (*read_tsv_pairs(path, build.skips, *columns), names)
         build.steps.append("splits as shipped in data/sample-es-en (held-out books)")
         self.add_parts(options, build, raw)
 

@@ -6,6 +6,7 @@ its final name. Tests never reach the network: they hand local archives in
 through ``--from-archive``.
 """
 import hashlib
+import lzma
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import tarfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 from .errors import DataPreparationError
@@ -102,6 +104,11 @@ def _download_resumable(url, destination, progress):
 def extract_archive(archive, into):
     """Unpack a .tgz/.tar/.zip archive into ``into``; a damaged archive is a one-line error.
 
+    Damaged means any of: a truncated file, a corrupt compressed stream (gzip, bzip2, xz,
+    deflate) or a checksum that does not match. tarfile stops reading at the archive's
+    end marker, before the compressed stream's own checksum: the rest of the stream is
+    read too, so corruption that still decompresses is caught rather than unpacked.
+
     Archives are untrusted: tar members go through tarfile's ``data`` filter (no absolute
     paths, ``..``, links out of ``into`` or device files), and the sizes the members
     declare (exactly what tarfile and zipfile write) must fit the free disk, less
@@ -125,16 +132,24 @@ def extract_archive(archive, into):
                     budget.spend(member.size if member.isfile() else 0, member.name)
                     # (a directory keeps default permissions: a read-only one would refuse its files)
                     bundle.extract(member, into, set_attrs=not member.isdir(), filter="data")
+                _read_to_the_end(bundle.fileobj)
     except tarfile.FilterError as exc:
         raise DataPreparationError(f"archive {archive} holds an unsafe member, refused: "
                                    f"{' '.join(str(exc).split())}") from None
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise DataPreparationError(
             # tarfile's message lists each method it tried, one per line: keep it one line.
             f"archive {archive} is corrupt or truncated ({type(exc).__name__}: {' '.join(str(exc).split())}); "
             "delete it and download it again"
         ) from None
     return into
+
+
+def _read_to_the_end(stream):
+    """Read a (decompressing) stream to its end, which checks its checksum (gzip's CRC, bzip2's,
+    xz's); a plain file is only read to its end."""
+    for _ in iter(lambda: stream.read(BLOCK_BYTES), b""):
+        pass
 
 
 class DiskBudget:

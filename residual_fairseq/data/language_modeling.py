@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import subword
 from .binarize import run_fairseq_preprocess
-from .datasets import HeldOutSplits, Recipe, Source, describe_input
+from .datasets import HeldOutSplits, Recipe, Source, check_distinct_files, describe_input, split_files
 from .download import default_download_dir, find_file
 from .errors import DataPreparationError
 from .pipeline import BINARY_DIR, MANIFEST_FORMAT, input_fingerprints, library_versions, prepare_staged
@@ -70,7 +70,8 @@ def read_text(path, skips, what="input file"):
     undecodable = sum(line is UNDECODABLE for line in lines)
     kept = [line for line in lines if line is not UNDECODABLE]
     if not any(line.strip() for line in kept):
-        reason = "is empty" if not undecodable else "is not UTF-8 text"
+        reason = ("is empty" if not lines else "is not UTF-8 text" if undecodable
+                  else f"has only empty lines ({len(lines)})")
         raise DataPreparationError(f"{what} {path} {reason}: no line to train a language model on")
     if undecodable * 2 > len(lines):
         raise DataPreparationError(f"{what} {path} is not UTF-8 text ({undecodable} of {len(lines)} lines undecodable)")
@@ -142,6 +143,9 @@ class SampleLm(LanguageModelRecipe):
     ENGLISH_COLUMN = 2  # reference<TAB>es<TAB>en
 
     def corpus_dir(self, options):
+        if len(options.from_archive) > 1:
+            raise DataPreparationError(f"{self.name} reads one --from-archive directory (the sample's), "
+                                       f"got {len(options.from_archive)}")
         directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
         if not (directory / "train.tsv.gz").is_file():
             raise DataPreparationError(
@@ -178,6 +182,7 @@ class CustomLm(LanguageModelRecipe):
                 raise DataPreparationError(f"--{split} takes one text file for a language model, got {len(paths)}")
         if not options.train:
             raise DataPreparationError("custom-lm needs --train FILE")
+        check_distinct_files(split_files(options))
         return replace(options, **{split: [Path(p).resolve() for p in getattr(options, split)] for split in SPLITS})
 
     def input_files(self, options):
@@ -195,7 +200,8 @@ class CustomLm(LanguageModelRecipe):
             for split in missing:
                 given = getattr(options, f"{split}_size")
                 sizes[split] = given if given is not None else min(self.DEFAULT_HELD_OUT, limit)
-            held = HeldOutSplits.split(train, train, sizes["valid"], sizes["test"], options.seed)
+            held = HeldOutSplits.split(train, train, sizes["valid"], sizes["test"], options.seed, dropped=skips,
+                                       unit="lines")
             splits["train"] = held["train"][0]
             for split in missing:
                 splits[split] = held[split][0]

@@ -32,7 +32,7 @@ from ..atomic import process_alive
 from . import subword
 from .binarize import preprocess_arguments, run_fairseq_preprocess
 from .corpus import CorpusBuild
-from .datasets import LANGUAGE_CODE, recipe_for
+from .datasets import LANGUAGE_CODE, check_distinct_files, recipe_for
 from .download import default_download_dir, sha256_of
 from .errors import DataPreparationError
 from .text import clean_corpus, map_lines
@@ -85,6 +85,7 @@ def prepare_staged(options, input_files, settings, build):
     complete (stale staging folders of killed runs are removed first).
     """
     out_dir = Path(options.out).resolve()
+    check_distinct_files(("--from-archive", path) for path in options.from_archive)
     check_output_holds_no_input(out_dir, options, input_files)
     remove_stale_staging(out_dir)
     finished = existing_preparation(out_dir, settings, options.force)
@@ -389,10 +390,12 @@ def run_pipeline(recipe, options, settings, staging):
     recipe.build(options, work_dir, build)
     splits = group_splits(build.parts)
     if not splits.get("train") or not splits["train"][0]:
-        raise DataPreparationError("no training pairs left after reading and cleaning the input")
+        raise DataPreparationError(f"no training pairs left after reading and cleaning the input "
+                                   f"({build.skips.describe()})")
     for split, (sources, _) in splits.items():
         if not sources:
-            raise DataPreparationError(f"no {split} pairs left after reading and cleaning the input")
+            raise DataPreparationError(f"no {split} pairs left after reading and cleaning the input "
+                                       f"({build.skips.describe()})")
     src, tgt = build.source_lang, build.target_lang
     for split, (sources, targets) in splits.items():
         write_lines(staging / TOKENIZED_DIR / f"{split}.{src}", sources)
@@ -419,7 +422,7 @@ def run_pipeline(recipe, options, settings, staging):
         if not sources:
             raise DataPreparationError(
                 f"no {split} pairs left after cleaning (min/max length {options.min_len}/{options.max_len}, "
-                f"length ratio {options.length_ratio or 'off'}): loosen the limits")
+                f"length ratio {options.length_ratio or 'off'}; {build.skips.describe()}): loosen the limits")
     for split, (sources, targets) in splits.items():
         write_lines(staging / f"{split}.{src}", sources)
         write_lines(staging / f"{split}.{tgt}", targets)

@@ -2,14 +2,18 @@
 
 Lines are read as bytes and decoded one by one, so a single bad byte costs one
 line (counted as ``non_utf8``) instead of the whole file. A file that starts with a
-UTF-16 or UTF-32 byte-order mark is decoded as such (read line by line as UTF-8,
-its NUL-padded bytes would pass as garbled text); a UTF-8 byte-order mark is dropped.
+UTF-16 or UTF-32 byte-order mark is decoded as such when it really is that encoding
+(:func:`residual_fairseq.argtypes.text_encoding`: read line by line as UTF-8, its
+NUL-padded bytes would pass as garbled text; a UTF-8 file that merely starts with the
+bytes FF FE stays UTF-8, its first line undecodable); a UTF-8 byte-order mark is dropped.
+Damaged compressed data (a truncated or corrupt ``.gz``) is one error naming the file.
 """
 import gzip
 import io
+import zlib
 from pathlib import Path
 
-from ..argtypes import BOMS
+from ..argtypes import BOMS, text_encoding
 from .errors import DataPreparationError
 
 # A line that is not valid UTF-8 is represented by None until the pair it
@@ -32,19 +36,35 @@ def read_lines(path):
     try:
         with open_binary(path) as handle:
             start = handle.read(4)
-            encoding = next((name for bom, name in BOMS if start.startswith(bom)), None)
-            if encoding not in (None, "utf-8"):
-                return _read_wide(start + handle.read(), encoding, path)
-            handle.seek(3 if encoding == "utf-8" else 0)
+            if any(start.startswith(bom) for bom, name in BOMS if name != "utf-8"):
+                # Whether the mark tells the truth depends on all the bytes after it.
+                data = start + handle.read()
+                encoding, _ = text_encoding(data)
+                if encoding != "utf-8":
+                    return _read_wide(data, encoding, path)
+                return [_decode_line(raw) for raw in _split_at_newlines(data)]
+            handle.seek(text_encoding(start)[1])  # past a UTF-8 mark
             for raw in handle:
-                try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError:
-                    lines.append(UNDECODABLE)
-    except (EOFError, OSError, gzip.BadGzipFile) as exc:
+                lines.append(_decode_line(raw))
+    except (EOFError, OSError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
         if isinstance(exc, FileNotFoundError):
             raise DataPreparationError(f"input file not found: {path}") from None
         raise DataPreparationError(f"cannot read {path}: corrupt or truncated ({exc})") from None
+    return lines
+
+
+def _decode_line(raw):
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        return UNDECODABLE
+
+
+def _split_at_newlines(data):
+    """The lines of ``data`` as iterating over a binary file gives them (at ``\\n`` only)."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
     return lines
 
 
@@ -85,6 +105,11 @@ def write_lines(path, lines):
 class SkipCounter:
     """Counts dropped sentence pairs by reason; ends up in the manifest and log."""
 
+    # What each reason means, for messages that say how much was dropped and why.
+    MEANINGS = {"non_utf8": "not UTF-8", "empty_line": "with an empty side",
+                "bad_tsv_row": "TSV rows with too few columns", "clean_length": "too short or too long",
+                "clean_ratio": "over the length ratio"}
+
     def __init__(self):
         self.counts = {}
 
@@ -95,12 +120,21 @@ class SkipCounter:
     def as_dict(self):
         return dict(sorted(self.counts.items()))
 
+    def describe(self):
+        """How many were dropped and why, in words: ``12 dropped: 10 with an empty side, 2 not UTF-8``."""
+        if not self.counts:
+            return "none dropped"
+        reasons = ", ".join(f"{count} {self.MEANINGS.get(reason, reason)}"
+                            for reason, count in sorted(self.counts.items(), key=lambda item: -item[1]))
+        return f"{sum(self.counts.values())} dropped: {reasons}"
+
 
 def pair_up(source_lines, target_lines, skips, source_name="source", target_name="target", drop_empty=True):
     """Zip two sides, requiring equal length; drop pairs with an undecodable (or empty) side.
 
     Returns two aligned lists. Mismatched lengths are an error, never a skip:
-    they mean the files are not parallel and any pairing would be wrong.
+    they mean the files are not parallel and any pairing would be wrong. So is
+    dropping every pair: the error says which side is empty or undecodable.
     ``drop_empty=False`` keeps empty pairs for a later clean-corpus-n step, so
     that every-Nth-line splits see the original numbering.
     """
@@ -119,12 +153,36 @@ def pair_up(source_lines, target_lines, skips, source_name="source", target_name
             continue
         kept_source.append(src)
         kept_target.append(tgt)
+    if source_lines and not kept_source:
+        raise DataPreparationError(f"no pair left of {source_name} and {target_name}: "
+                                   + _why_nothing_is_left(source_lines, target_lines, source_name, target_name))
     return kept_source, kept_target
 
 
-def read_tsv_pairs(path, skips, source_column=0, target_column=1):
-    """Pairs from a TSV file; rows with too few columns are counted as ``bad_tsv_row``."""
+def _why_nothing_is_left(source_lines, target_lines, source_name, target_name):
+    """Why every pair was dropped: a side with only empty or undecodable lines, or both together."""
+    total = len(source_lines)
+    for lines, name in ((source_lines, source_name), (target_lines, target_name)):
+        undecodable = sum(line is UNDECODABLE for line in lines)
+        if undecodable == total:
+            return f"{name} is not UTF-8 text (all {total} lines undecodable)"
+        if all(line is UNDECODABLE or not line.strip() for line in lines):
+            return f"{name} has only empty lines " + (
+                f"({total - undecodable} empty and {undecodable} not UTF-8, of {total})" if undecodable
+                else f"(all {total} lines)")
+    undecodable = sum(src is UNDECODABLE or tgt is UNDECODABLE for src, tgt in zip(source_lines, target_lines))
+    return (f"each of the {total} pairs has an empty or non-UTF-8 side "
+            f"({total - undecodable} with an empty side, {undecodable} not UTF-8)")
+
+
+def read_tsv_pairs(path, skips, source_column=0, target_column=1, flag=None):
+    """Pairs from a TSV file; rows with too few columns are counted as ``bad_tsv_row``.
+
+    A file where no row has the columns asked for is an error that says how many columns
+    its rows have (``flag``: the option that chose the columns, for the message).
+    """
     sources, targets = [], []
+    widths = set()
     for line in read_lines(path):
         if line is UNDECODABLE:
             sources.append(UNDECODABLE)
@@ -135,9 +193,16 @@ def read_tsv_pairs(path, skips, source_column=0, target_column=1):
             targets.append("")
             continue
         fields = line.split("\t")
+        widths.add(len(fields))
         if len(fields) <= max(source_column, target_column):
             skips.add("bad_tsv_row")
             continue
         sources.append(fields[source_column])
         targets.append(fields[target_column])
+    if widths and max(widths) <= max(source_column, target_column):
+        has = f"{min(widths)} to {max(widths)}" if len(widths) > 1 else f"{max(widths)}"
+        asked = (f"{flag} {source_column},{target_column} asks for columns {source_column} and {target_column}"
+                 if flag else f"columns {source_column} and {target_column} are read")
+        raise DataPreparationError(f"TSV file {path} has {has} tab-separated column(s) per row, but {asked} "
+                                   "(counted from 0): no row has them")
     return sources, targets

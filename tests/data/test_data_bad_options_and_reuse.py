@@ -111,7 +111,8 @@ def test_nonsense_numbers_fail_in_the_python_api(tmp_path, settings, message):
 def test_cleaning_that_leaves_nothing_to_train_on_is_an_error(tmp_path):
     source, target = write_plain_pair(tmp_path / "in", 30)
     # Every numbered pair has more than 2 subword tokens after segmentation: nothing survives.
-    with pytest.raises(DataPreparationError, match="no (train|valid|test) pairs left"):
+    with pytest.raises(DataPreparationError, match=r"no (train|valid|test) pairs left after cleaning \(min/max length "
+                       r"1/2, length ratio 1.5; \d+ dropped: \d+ too short or too long\): loosen the limits"):
         prepare(custom_options(tmp_path, [source, target], subword="spm-bpe", max_len=2))
     assert not (tmp_path / "out").exists()
 
@@ -296,3 +297,187 @@ def test_an_interrupted_fairseq_preprocess_leaves_no_worker_processes(tmp_path, 
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert multiprocessing.active_children() == []
+
+
+# --- damaged compressed data (round 3) --------------------------------------------------------------
+
+def _gzip_damaged(data, how):
+    """gzip bytes made truncated, corrupt in the deflate stream (zlib.error: an invalid block type in the
+    first block's header, right after gzip's 10-byte header) or with a wrong CRC (gzip.BadGzipFile)."""
+    if how == "truncated":
+        return data[: len(data) // 2]
+    damaged = bytearray(data)
+    if how == "deflate":
+        damaged[10] |= 0b110  # BTYPE 11: "invalid block type"
+    else:
+        damaged[-8] ^= 0xFF   # the CRC-32 of the trailer
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("how", ["truncated", "deflate", "crc"])
+def test_a_damaged_gzip_corpus_is_one_line_naming_the_file(tmp_path, capsys, how):
+    import gzip
+
+    pairs = "".join("\t".join(numbered_pair(index)) + "\n" for index in range(1, 301))
+    corpus = tmp_path / "corpus.tsv.gz"
+    corpus.write_bytes(_gzip_damaged(gzip.compress(pairs.encode()), how))
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", corpus,
+                              "--out", tmp_path / "out", "--quiet"])
+    assert line.startswith("error: cannot read ") and f"{corpus}: corrupt or truncated" in line
+    assert not (tmp_path / "out").exists()
+
+
+def _repack(archive, suffix, how):
+    """The members of the IWSLT test archive in a .tgz/.tar.xz/.zip, damaged in its compressed data."""
+    import io
+    import lzma
+    import tarfile
+    import zipfile
+
+    with tarfile.open(archive) as bundle:
+        members = {member.name: bundle.extractfile(member).read() for member in bundle if member.isfile()}
+    path = archive.with_name("damaged" + suffix)
+    if suffix == ".zip":
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as bundle:
+            for name, data in members.items():
+                bundle.writestr(name, data)
+        with zipfile.ZipFile(path) as bundle:
+            first = bundle.infolist()[0]
+        damaged = bytearray(path.read_bytes())
+        data_start = first.header_offset + 30 + len(first.filename.encode()) + len(first.extra)
+        damaged[data_start] |= 0b110  # the member's deflate stream: an invalid block type
+        path.write_bytes(bytes(damaged))
+        return path
+    # A last member large enough that the damage lies past the first headers, which tarfile reads on opening.
+    members["de-en/zz-notes.txt"] = "".join(f"note {index}\n" for index in range(20000)).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as bundle:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            bundle.addfile(info, io.BytesIO(data))
+    raw = buffer.getvalue()
+    if suffix == ".tgz":
+        import gzip
+
+        compressed = bytearray(gzip.compress(raw))
+        if how == "truncated":
+            compressed = compressed[: len(compressed) * 2 // 3]
+        else:  # a wrong CRC: tarfile stops at the tar end marker, before gzip checks it
+            compressed[-8] ^= 0xFF
+    else:
+        compressed = bytearray(lzma.compress(raw))
+        if how == "truncated":
+            compressed = compressed[: len(compressed) * 2 // 3]
+        else:  # a flipped byte late in the block: xz's "Corrupt input data" (lzma.LZMAError) while unpacking
+            compressed[len(compressed) * 3 // 4] ^= 0xFF
+    path.write_bytes(bytes(compressed))
+    return path
+
+
+@pytest.mark.parametrize("suffix,how", [(".tgz", "truncated"), (".tgz", "corrupt"), (".tar.xz", "truncated"),
+                                        (".tar.xz", "corrupt"), (".zip", "corrupt")])
+def test_a_damaged_archive_is_one_line_naming_the_file(tmp_path, capsys, suffix, how):
+    from test_data_builders import build_iwslt_archive
+
+    damaged = _repack(build_iwslt_archive(tmp_path / "de-en.tgz"), suffix, how)
+    line = cli_error(capsys, ["--dataset", "iwslt14-de-en", "--from-archive", damaged, "--out", tmp_path / "out",
+                              "--quiet"])
+    assert f"archive {damaged} is corrupt or truncated" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+# --- messages that say what is wrong (round 3) -------------------------------------------------------
+
+def test_tsv_columns_the_file_does_not_have_say_how_many_it_has(tmp_path, capsys):
+    corpus = tmp_path / "two.tsv"
+    corpus.write_text("".join("\t".join(numbered_pair(index)) + "\n" for index in range(1, 41)), "utf-8")
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", corpus,
+                              "--tsv-columns", "5,6", "--out", tmp_path / "out", "--quiet"])
+    assert line == (f"error: TSV file {corpus} has 2 tab-separated column(s) per row, but --tsv-columns 5,6 "
+                    "asks for columns 5 and 6 (counted from 0): no row has them")
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_side_of_only_empty_lines_is_named(tmp_path, capsys, side):
+    source, target = write_plain_pair(tmp_path / "in", 40)
+    empty = (source, target)[side]
+    empty.write_text("\n" * 40)
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", source, target,
+                              "--out", tmp_path / "out", "--quiet"])
+    assert line == f"error: no pair left of {source} and {target}: {empty} has only empty lines (all 40 lines)"
+
+
+def test_a_tsv_column_of_only_empty_fields_is_named(tmp_path, capsys):
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("".join(f"{numbered_pair(index)[0]}\t \n" for index in range(1, 41)), "utf-8")
+    line = cli_error(capsys, ["--dataset", "custom", "-s", "de", "-t", "en", "--train", corpus,
+                              "--out", tmp_path / "out", "--quiet"])
+    assert line == (f"error: no pair left of {corpus} column 0 and {corpus} column 1: {corpus} column 1 has only "
+                    "empty lines (all 40 lines)")
+
+
+def test_too_few_pairs_to_hold_out_says_what_was_dropped(tmp_path):
+    source, target = write_plain_pair(tmp_path / "in", 5, extra=[(b"", b"x")] * 8 + [(b"\xff", b"y")] * 2)
+    with pytest.raises(DataPreparationError) as refused:
+        prepare(custom_options(tmp_path, [source, target]))
+    assert str(refused.value).startswith("corpus has 5 pairs (after reading: 10 dropped: 8 with an empty side, "
+                                         "2 not UTF-8): too few to hold out 3 valid + 3 test")
+
+
+# --- a repeated input is refused, never silently used twice or once (round 3) ---------------------
+
+@pytest.mark.parametrize("case", ["sides", "train_and_valid", "valid_and_test", "link"])
+def test_the_same_file_given_twice_is_refused(tmp_path, capsys, case):
+    source, target = write_plain_pair(tmp_path / "in", 40)
+    held = write_plain_pair(tmp_path / "held", 10, stem="held")
+    link = tmp_path / "in" / "link.en"
+    link.symlink_to(target)
+    train = {"sides": [source, source], "link": [source, target]}.get(case, [source, target])
+    valid = {"train_and_valid": [source, held[1]], "link": [held[0], link]}.get(case, list(held))
+    test = {"valid_and_test": list(held)}.get(case, [])
+    argv = ["--dataset", "custom", "-s", "de", "-t", "en", "--train", *train, "--valid", *valid,
+            "--out", tmp_path / "out", "--quiet"] + (["--test", *test] if test else [])
+    line = cli_error(capsys, argv)
+    expected = {"sides": f"{source} is given as --train source and as --train target",
+                "train_and_valid": f"{source} is given as --train source and as --valid source",
+                "valid_and_test": f"{held[0]} is given as --valid source and as --test source",
+                "link": f"{link} is given as --train target and as --valid target"}[case]
+    assert line == f"error: {expected}: give each file once"
+
+
+def test_a_repeated_archive_or_opus_pair_is_refused(tmp_path, capsys):
+    from test_data_builders import build_iwslt_archive
+
+    archive = build_iwslt_archive(tmp_path / "de-en.tgz")
+    line = cli_error(capsys, ["--dataset", "iwslt14-de-en", "--from-archive", archive, archive,
+                              "--out", tmp_path / "out", "--quiet"])
+    assert line == f"error: {archive} is given twice to --from-archive: give each file once"
+    line = cli_error(capsys, ["--dataset", "opus-100", "--pairs", "de,fr,en-de", "--out", tmp_path / "out"])
+    assert line == "error: --pairs names de twice (de,fr,en-de): give each pair once"
+    line = cli_error(capsys, ["--dataset", "sample-es-en", "--from-archive", tmp_path, tmp_path / "in",
+                              "--out", tmp_path / "out"])
+    assert line == "error: sample-es-en reads one --from-archive directory (the sample's), got 2"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--out", "a", "--out", "b"], "argument --out: given twice with different values (--out a, then --out b)"),
+    (["--out", "a", "-s", "de", "--source-lang", "fr"],
+     "argument --source-lang/-s: given twice with different values (-s de, then --source-lang fr)"),
+    (["--out", "a", "--lowercase", "--no-lowercase"],
+     "argument --lowercase/--no-lowercase: given twice with different values (--lowercase, then --no-lowercase)"),
+    (["--out", "a", "--vocab-size", "8000", "--vocab-size", "4000"], "argument --vocab-size: given twice"),
+])
+def test_an_option_given_twice_with_different_values_is_refused(tmp_path, capsys, flags, message):
+    """(Before: argparse kept the last value and dropped the first without a word.)"""
+    line = cli_error(capsys, ["--dataset", "custom", *flags])
+    assert line.startswith(f"residual-fairseq-prepare: error: {message}") and line.endswith(": give it once")
+
+
+def test_an_option_given_twice_with_the_same_value_is_accepted():
+    from residual_fairseq.data.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["--dataset", "custom", "--out", "a", "--out", "a", "--quiet", "--quiet"])
+    assert (str(args.out), args.quiet) == ("a", True)
+    assert str(parser.parse_args(["--dataset", "custom", "--out", "b"]).out) == "b"  # a parser parses again

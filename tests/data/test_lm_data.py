@@ -149,7 +149,7 @@ def test_bad_own_text_is_one_line_and_no_output(tmp_path, capsys, case):
         bad.write_text("\n  \n\n")
     out = tmp_path / "out"
     message = error_of(capsys, "--dataset", "custom-lm", "--train", str(bad), "--subword", "none", "--out", str(out))
-    expected = {"empty": "is empty", "binary": "binary file", "blank_lines": "is empty", "missing": "not found"}
+    expected = {"empty": "is empty", "binary": "binary file", "blank_lines": "has only empty lines (3)", "missing": "not found"}
     assert expected[case] in message and str(bad) in message
     no_partial_output(out)
 
@@ -178,3 +178,25 @@ def test_translation_options_are_refused_for_language_models(tmp_path, capsys):
     assert "--source-lang does not apply" in message
     message = error_of(capsys, "--dataset", "custom-lm", "--train", "a.txt", "b.txt", "--out", str(tmp_path / "x"))
     assert "one text file" in message
+
+
+@pytest.mark.parametrize("splits", [("--train", "--valid"), ("--train", "--test"), ("--valid", "--test")])
+def test_one_text_given_to_two_splits_is_refused(tmp_path, capsys, splits):
+    """(Before: accepted; valid or test lines were training lines, and the perplexity measured memory.)"""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {index}\n" for index in range(200)))
+    other = tmp_path / "other.txt"
+    other.write_text("".join(f"other sentence {index}\n" for index in range(50)))
+    given = {"--train": other, "--valid": other, "--test": other, splits[0]: text, splits[1]: text}
+    out = tmp_path / "out"
+    argv = ["--dataset", "custom-lm", "--subword", "none", "--out", str(out)]
+    for flag in ("--train", "--valid", "--test"):
+        argv += [flag, str(given[flag])]
+    assert error_of(capsys, *argv) == f"error: {text} is given as {splits[0]} and as {splits[1]}: give each file once"
+    no_partial_output(out)
+
+
+def test_sample_lm_reads_one_archive_directory(tmp_path, capsys):
+    message = error_of(capsys, "--dataset", "sample-lm", "--from-archive", str(tmp_path), str(tmp_path / "b"),
+                       "--out", str(tmp_path / "x"))
+    assert message == "error: sample-lm reads one --from-archive directory (the sample's), got 2"

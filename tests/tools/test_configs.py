@@ -189,3 +189,38 @@ def test_committed_yaml_trains_with_fairseq_hydra_train(toy_data_bin, tmp_path):
 def test_flags_with_layers_that_are_not_a_number_is_one_line(capsys):
     line = user_error(capsys, configs.main, ["--flags", "sample-es-en", "resi_dual", "nan"], only_line=True)
     assert line == "error: --flags LAYERS must be a whole number, got 'nan'"
+
+
+def test_flags_of_admin_render_its_profile_as_a_placeholder_and_say_how_to_write_it(capsys, tmp_path, toy_data_bin):
+    """(Before: 'config values still missing (???): model.admin_profile'.) The flags name PROFILE, and the
+    note on stderr is a command that writes it: following it gives a profile of the model the flags build."""
+    import json
+    import shlex
+
+    from residual_fairseq.admin_profile import main as admin_profile_main
+
+    capsys.readouterr()
+    assert configs.main(["--flags", "sample-es-en", "admin", "3"]) in (None, 0)
+    out, err = capsys.readouterr()
+    flags = shlex.split(out)
+    assert flags[flags.index("--admin-profile") + 1] == "PROFILE" and flags[flags.index("--arch") + 1] == "admin"
+    assert err.strip() == configs.profile_note() and err.count("\n") == 1
+    assert "python3 -m residual_fairseq.admin_profile PROFILE -- <these flags without --admin-profile PROFILE>" in err
+    index = flags.index("--admin-profile")
+    flags = flags[:index] + flags[index + 2:]
+    flags = [str(toy_data_bin) if f == "DATA" else USER_DIR if f == "PLUGIN" else f for f in flags]
+    profile = tmp_path / "profile.json"
+    capsys.readouterr()
+    admin_profile_main([str(profile), "--", *flags])
+    assert json.loads(profile.read_text())  # a profile file was written from these very flags
+
+
+def test_flags_given_twice_for_two_configs_is_refused(capsys):
+    """(Before: the second config's flags were printed, the first dropped without a word.)"""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        configs.main(["--flags", "sample-es-en", "admin", "3", "--flags", "sample-es-en", "resi_dual", "3"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == ("python3 -m residual_fairseq.configs: error: argument --flags: given twice with different values "
+                    "(--flags sample-es-en admin 3, then --flags sample-es-en resi_dual 3): give it once")
