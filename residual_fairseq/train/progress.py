@@ -2,7 +2,9 @@
 
 Every line fairseq-train prints goes to ``SAVE_DIR/train.log`` unchanged (fairseq's
 own ``--log-file`` keeps only some loggers, not the validation stats). The console gets
-a copy of rank 0's lines or, with ``--progress``, a progress bar (:class:`ProgressDisplay`).
+a copy of rank 0's lines, less the known harmless warnings torch prints from inside
+fairseq on every run (:data:`KNOWN_WARNINGS`), or, with ``--progress``, a progress bar
+(:class:`ProgressDisplay`).
 """
 import json
 import re
@@ -75,14 +77,70 @@ class ProgressDisplay:
         self.bar.close()
 
 
+class KnownWarning:
+    """A warning Python prints as ``FILE:LINE: CATEGORY: MESSAGE`` and then ``  SOURCE LINE``,
+    known by its exact message, the file that warns (a path suffix) and its source line."""
+
+    def __init__(self, category: str, message: str, where: str, source: str):
+        self.header = re.compile(rf"^(?P<file>.+):\d+: {re.escape(category)}: {re.escape(message)}$")
+        self.where, self.source = where, source
+
+    def starts(self, line: str) -> bool:
+        match = self.header.match(line.rstrip("\r\n"))
+        return bool(match) and match["file"].replace("\\", "/").endswith(self.where)
+
+    def continues(self, line: str) -> bool:
+        return line.rstrip("\r\n") == "  " + self.source
+
+
+# Printed by every fairseq 0.12 training under torch 2.x, from inside fairseq; nothing a
+# user can change (train.log keeps them). Each is matched by its exact message and the
+# source line Python prints after it, never by category or module alone.
+KNOWN_WARNINGS = (
+    # fairseq's train_step (fairseq/tasks/fairseq_task.py) uses the old autocast spelling
+    KnownWarning("FutureWarning", "`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+                 "`torch.amp.autocast('cuda', args...)` instead.", "fairseq/tasks/fairseq_task.py",
+                 "with torch.cuda.amp.autocast(enabled=(isinstance(optimizer, AMPOptimizer))):"),
+    # fairseq's MultiheadAttention hands torch a bool padding mask beside a float attention mask
+    KnownWarning("UserWarning", "Support for mismatched key_padding_mask and attn_mask is deprecated. "
+                 "Use same type for both instead.", "torch/nn/functional.py",
+                 "key_padding_mask = _canonical_mask("),
+)
+
+
+class ConsoleFilter:
+    """Which of fairseq-train's lines the console shows: all but the :data:`KNOWN_WARNINGS`
+    (their message line and, when it follows, their source line)."""
+
+    def __init__(self, known=KNOWN_WARNINGS):
+        self.known = known
+        self._after = None  # the known warning whose message line came last
+
+    def shows(self, line: str) -> bool:
+        after, self._after = self._after, None
+        if after is not None and after.continues(line):
+            return False
+        for warning in self.known:
+            if warning.starts(line):
+                self._after = warning
+                return False
+        return True
+
+
 def copy_output(process, log_path: Path, to_console: bool, progress: Optional[ProgressDisplay] = None):
-    """Append a process's output to ``log_path`` (and echo it, or feed it to a progress bar), line by line."""
+    """Append a process's output to ``log_path`` (and echo it, or feed it to a progress bar), line by line.
+
+    The log gets every line; the console (or the bar) all but the known warnings (:class:`ConsoleFilter`).
+    """
+    console = ConsoleFilter()
     with open(log_path, "a", encoding="utf-8") as log:
         for line in process.stdout:
             log.write(line)
             log.flush()
+            if not (to_console or progress is not None) or not console.shows(line):
+                continue
             if progress is not None:
                 progress.feed(line)
-            elif to_console:
+            else:
                 sys.stdout.write(line)
                 sys.stdout.flush()
