@@ -118,6 +118,14 @@ def positive_float(text):
     return value
 
 
+def finite_positive_float(text):
+    """A number above 0 that is finite (0, inf or nan as a scale, rate or size trains a model of NaNs)."""
+    value = _number(text, float)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
+    return value
+
+
 def nonnegative_float(text):
     value = finite_float(text)
     if value < 0:

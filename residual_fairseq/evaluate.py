@@ -53,7 +53,7 @@ from .runtime import (
 )
 from .safe_checkpoints import verify_checkpoint_file
 from .scoring import score_translations
-from .train import die_with_the_driver
+from .supervise import die_with_the_driver
 
 # fairseq-generate's --remove-bpe value for each way the data may be segmented; the
 # data pipeline's method names (bpe, spm-bpe, spm-unigram) are accepted too.

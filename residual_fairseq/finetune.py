@@ -26,7 +26,6 @@ CLI (the bundled sample: an es->en model fine-tuned on en->es)::
 """
 import argparse
 import filecmp
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,8 @@ from . import configs, train
 from .argtypes import check_output_dir, is_digits, positive_int, same_file
 from .data.binarized import dictionary_size
 from .errors import UserError, cli_main
-from .passthrough import refuse_flags
+from .passthrough import flag_values, refuse_flags, split_passthrough
+from .run_record import read_any_run_record, read_run_record
 from .runtime import add_verbose_flag
 from .safe_checkpoints import read_checkpoint
 
@@ -134,7 +134,7 @@ def original_run(request: FinetuneRequest):
     record = {}
     if request.config is None or request.vocab_from is None:
         try:
-            record = train.read_run_record(Path(request.checkpoint).parent) or {}
+            record = read_run_record(Path(request.checkpoint).parent) or {}
         except UserError as err:
             raise UserError(f"{err}; pass --train-config DATASET VARIANT LAYERS and --vocab-from "
                             "ORIGINAL_PREPARED_DIR instead") from None
@@ -201,19 +201,14 @@ CHECKPOINT_GLOB = "checkpoint*.pt"  # what fairseq-train writes (and resumes fro
 def recorded_finetune(save_dir: Path) -> Optional[tuple]:
     """(resolved checkpoint, data directory) of the fine-tune that ``SAVE_DIR/run.json`` records;
     None when there is no such record (none, unreadable, or a plain training run's)."""
-    try:
-        record = json.loads((Path(save_dir) / train.RUN_RECORD_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    record = read_any_run_record(save_dir)
     if not isinstance(record, dict) or not isinstance(record.get("data"), str):
         return None
     extra_args = record.get("extra_args")
-    if not isinstance(extra_args, list) or "--finetune-from-model" not in extra_args:
+    starts = flag_values(extra_args, "--finetune-from-model") if isinstance(extra_args, list) else []
+    if not starts or not isinstance(starts[0], str):  # the first one is finetune's own
         return None
-    index = extra_args.index("--finetune-from-model")  # the first one is finetune's own
-    if index + 1 >= len(extra_args) or not isinstance(extra_args[index + 1], str):
-        return None
-    return Path(extra_args[index + 1]), Path(record["data"])
+    return Path(starts[0]), Path(record["data"])
 
 
 def check_save_dir(request: FinetuneRequest) -> None:
@@ -348,7 +343,7 @@ def build_parser():
 
 @cli_main
 def main(argv=None):
-    ours, passthrough = train.split_passthrough(argv)
+    ours, passthrough = split_passthrough(argv)
     args = build_parser().parse_args(ours)
     config = None
     if args.train_config:

@@ -1,4 +1,9 @@
-"""Extra flags handed on to a fairseq tool, and the ones a driver sets itself.
+"""Extra flags handed on to a fairseq tool: reading them, and refusing the ones a driver sets itself.
+
+The one parser of pass-through flags (those after a lone ``--``, or in
+``--generate-args``): :func:`split_passthrough` separates them from a driver's own
+arguments, :func:`flag_value` reads the value fairseq will see for a flag, and
+:func:`refuse_flags` refuses a flag the driver sets itself.
 
 A driver (``residual-fairseq-train``, ``-reproduce``, the language-model evaluation)
 builds a fairseq command from its own options and appends the user's extra flags;
@@ -7,7 +12,8 @@ would therefore make fairseq do something other than what the driver prints, nam
 and records: such flags are refused here, in any spelling argparse accepts
 (``--flag value``, ``--flag=value``; ``-s value``, ``-svalue`` for a short flag).
 """
-from typing import Iterable, Optional, Sequence
+import sys
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UserError
 
@@ -40,3 +46,37 @@ def refuse_flags(extra_args: Iterable[str], flags: Sequence[str], where: str, er
     given = find_flag(extra_args, flags)
     if given is not None:
         raise error(f"{given} {where}")
+
+
+def split_passthrough(argv=None) -> Tuple[List[str], List[str]]:
+    """(a driver's own arguments, the fairseq arguments after a lone ``--``); ``argv``
+    defaults to the command line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1:]
+    return argv, []
+
+
+def flag_values(extra_args: Iterable[str], flag: str) -> List[Optional[str]]:
+    """The value of each ``flag VALUE`` / ``flag=VALUE`` (a long flag, also spelled with
+    ``_`` for ``-``) among ``extra_args``, in order; None where the flag ends the list."""
+    extra, values = list(extra_args), []
+    for index, word in enumerate(extra):
+        if not isinstance(word, str) or not _matches(word, flag):
+            continue
+        name, equals, value = word.partition("=")
+        values.append(value if equals else (extra[index + 1] if index + 1 < len(extra) else None))
+    return values
+
+
+def flag_value(extra_args: Iterable[str], flag: str) -> Optional[str]:
+    """The value fairseq's argparse will see for ``flag`` (the last one given wins); None
+    if it is not given a value."""
+    given = [value for value in flag_values(extra_args, flag) if value is not None]
+    return given[-1] if given else None
+
+
+def flag_given(extra_args: Iterable[str], flag: str) -> bool:
+    """Whether ``extra_args`` give ``flag`` (a switch such as ``--reset-meters``), in any spelling."""
+    return find_flag(extra_args, (flag,)) is not None

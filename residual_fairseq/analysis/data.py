@@ -6,9 +6,8 @@ from pathlib import Path
 
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..data.binarized import check_dictionaries, check_task_split
+from ..data.binarized import check_dictionaries, check_task_split, language_pair
 from ..errors import UserError
-from ..train import language_pair
 
 
 def load_task(data_dir, source_lang=None, target_lang=None, tokens_per_sample=128):

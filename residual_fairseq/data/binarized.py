@@ -149,6 +149,36 @@ def _split_size(prefix, vocab_size):
     return check_mmap_split(prefix, vocab_size)
 
 
+_BINARY_PAIR = re.compile(r"^train\d*\.([^.\-]+)-([^.\-]+)\.[^.]+\.(bin|idx)$")
+
+
+def data_language_pairs(data) -> list:
+    """The (source, target) pairs of a fairseq data directory's train files, as binarized."""
+    return sorted({match.groups()[:2] for match in map(_BINARY_PAIR.match, os.listdir(data)) if match})
+
+
+def language_pair(data, source_lang=None, target_lang=None, configured=(None, None)):
+    """The (source, target) to train or read: -s/-t if given, else the config's pair when the
+    data hold it, else the data's one pair. Either direction of a binarized pair is trainable."""
+    pairs = data_language_pairs(data)
+    if not pairs:
+        raise UserError(f"{data} holds no training data (train.SRC-TGT.LANG.bin): pass the prepared bin/ directory")
+    directions = pairs + [(tgt, src) for src, tgt in pairs if (tgt, src) not in pairs]
+    shown = ", ".join(f"{src}-{tgt}" for src, tgt in pairs)
+    if source_lang or target_lang:
+        matching = [(src, tgt) for src, tgt in directions
+                    if source_lang in (None, src) and target_lang in (None, tgt)]
+        if len(matching) != 1:
+            asked = f"{source_lang or '?'}->{target_lang or '?'}"
+            raise UserError(f"-s/-t {asked}: {data} holds {shown}" + ("" if matching else " (no such pair)"))
+        return matching[0]
+    if None not in configured and tuple(configured) in directions:
+        return tuple(configured)
+    if len(pairs) == 1:
+        return pairs[0]
+    raise UserError(f"{data} holds several language pairs ({shown}): choose one with -s/-t")
+
+
 def check_translation_data(data, source_lang: str, target_lang: str, splits=("train", "valid"),
                            shared_embeddings: bool = False) -> dict:
     """Check the dictionaries and ``splits`` of a translation data directory for one

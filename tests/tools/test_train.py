@@ -75,13 +75,17 @@ def test_train_then_resume(toy_data_bin, tmp_path):
     save_dir = tmp_path / "ck"
     base = ["python3", REPO / "scripts" / "train.py", "--dataset", "sample-es-en", "--variant", "resi_dual",
             "--layers", "3", "--data", toy_data_bin, "--save-dir", save_dir, "--", *TINY]
-    first = run(base, env=CLI_ENV)
+    # with Python's default warnings (CLI_ENV hides them), to see which reach the console
+    first = run(base, env={key: value for key, value in CLI_ENV.items() if key != "PYTHONWARNINGS"})
     assert "running:" in first.stdout and "no CUDA on this machine" in first.stdout
     assert (save_dir / "checkpoint_last.pt").is_file()
     record = json.loads((save_dir / "run.json").read_text())
     assert (record["dataset"], record["variant"], record["layers"]) == ("sample-es-en", "resi_dual", 3)
     log = (save_dir / "train.log").read_text()
     assert '"valid_loss"' in log and '"num_updates": "4"' in log
+    # torch's deprecation warnings from inside fairseq: kept in train.log, off the console
+    for message in ("`torch.cuda.amp.autocast(args...)` is deprecated", "Support for mismatched key_padding_mask"):
+        assert message in log and message not in first.stdout + first.stderr
 
     # A kill while fairseq copies checkpoint_last.pt leaves it truncated: the driver repairs it.
     last = save_dir / "checkpoint_last.pt"
@@ -385,3 +389,78 @@ def test_resuming_a_save_dir_as_another_model_is_refused_and_its_record_kept(cap
     assert line == (f"error: --save-dir {save_dir} holds checkpoints of a 'resi_dual-1l' run (its run.json), and "
                     "fairseq would resume them as post_ln-2l: choose another --save-dir")
     assert (save_dir / "run.json").read_text() == record
+
+
+# What fairseq's train_step (fairseq/tasks/fairseq_task.py) runs: the line Python prints below its warning.
+FAIRSEQ_TASK = '''import torch
+
+
+class AMPOptimizer:
+    pass
+
+
+def train_step(optimizer):
+    with torch.cuda.amp.autocast(enabled=(isinstance(optimizer, AMPOptimizer))):
+        return 1
+'''
+# A fake fairseq-train: the two warnings torch prints from inside fairseq on every run, each
+# raised for real (fairseq's autocast line; the attention call fairseq makes), then warnings
+# the console must still show: another one, and the same autocast message from elsewhere.
+FAKE_FAIRSEQ_TRAIN = '''import sys, warnings
+warnings.simplefilter("default")  # as fairseq-train runs (not PYTHONWARNINGS=ignore)
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1])
+from fairseq.tasks.fairseq_task import train_step
+
+train_step(object())
+weight, bias = torch.randn(12, 4), torch.zeros(12)
+F.multi_head_attention_forward(
+    torch.randn(2, 1, 4), torch.randn(2, 1, 4), torch.randn(2, 1, 4), 4, 1, weight, bias, None, None, False, 0.0,
+    torch.nn.Linear(4, 4).weight, None, key_padding_mask=torch.zeros(1, 2, dtype=torch.bool),
+    attn_mask=torch.zeros(2, 2))
+warnings.warn("a warning worth seeing")
+with torch.cuda.amp.autocast(enabled=False):
+    pass
+print("| INFO | fairseq_cli.train | done", flush=True)
+'''
+
+
+def test_known_fairseq_warnings_stay_in_train_log_and_off_the_console(tmp_path, capsys):
+    fake = tmp_path / "fake"
+    (fake / "fairseq" / "tasks").mkdir(parents=True)
+    (fake / "fairseq" / "__init__.py").write_text("")
+    (fake / "fairseq" / "tasks" / "__init__.py").write_text("")
+    (fake / "fairseq" / "tasks" / "fairseq_task.py").write_text(FAIRSEQ_TASK)
+    (fake / "fairseq_train.py").write_text(FAKE_FAIRSEQ_TRAIN)
+    save_dir = tmp_path / "save"
+    save_dir.mkdir()
+    fake_plan = train.TrainPlan([["python3", str(fake / "fairseq_train.py"), str(fake)]], [], {})
+    assert train.execute(fake_plan, save_dir, progress=False) == 0
+    console, log = capsys.readouterr().out, (save_dir / "train.log").read_text()
+    autocast = "FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated."
+    mask = "UserWarning: Support for mismatched key_padding_mask and attn_mask is deprecated."
+    # train.log keeps fairseq's output whole
+    assert f"fairseq_task.py:9: {autocast}" in log and "  with torch.cuda.amp.autocast(enabled=(isinstance" in log
+    assert mask in log and "  key_padding_mask = _canonical_mask(" in log
+    # the console: neither known warning nor its source line; everything else as it came
+    assert "fairseq_task.py" not in console and "isinstance(optimizer, AMPOptimizer)" not in console
+    assert mask not in console and "_canonical_mask" not in console
+    assert "UserWarning: a warning worth seeing" in console
+    assert f"fairseq_train.py:15: {autocast}" in console  # the same message, from elsewhere
+    assert "  with torch.cuda.amp.autocast(enabled=False):" in console
+    assert console.rstrip().endswith("| INFO | fairseq_cli.train | done")
+    assert len(log.splitlines()) - len(console.splitlines()) == 4
+
+
+def test_only_the_known_warnings_source_line_is_dropped_after_it():
+    from residual_fairseq.train.progress import ConsoleFilter
+
+    header = ("/site-packages/torch/nn/functional.py:6802: UserWarning: Support for mismatched key_padding_mask "
+              "and attn_mask is deprecated. Use same type for both instead.\n")
+    lines = [header, "2026-12-03 02:30:10 | INFO | train_inner | {}\n",  # no source line (no source file)
+             header, "  key_padding_mask = _canonical_mask(\n", "  key_padding_mask = _canonical_mask(\n",
+             header.replace("Use same type", "Use one type"),  # another message: shown
+             header.replace("torch/nn/functional.py", "mine/functional.py")]  # from elsewhere: shown
+    console = ConsoleFilter()
+    assert [line for line in lines if console.shows(line)] == [lines[1], lines[4], lines[5], lines[6]]
