@@ -426,6 +426,7 @@ print("| INFO | fairseq_cli.train | done", flush=True)
 '''
 
 
+@pytest.mark.slow
 def test_known_fairseq_warnings_stay_in_train_log_and_off_the_console(tmp_path, capsys):
     fake = tmp_path / "fake"
     (fake / "fairseq" / "tasks").mkdir(parents=True)
