@@ -220,7 +220,7 @@ def linked_checkpoints(save_dir, directory, names=("checkpoint10.pt", "checkpoin
 
 def test_result_side_files_and_default_names_do_not_collide(toy_run, toy_data_bin, tmp_path, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     ck = linked_checkpoints(save_dir, tmp_path / "ck")
     # Two checkpoints of one run, and its checkpoint_best.pt, each get their own default result.
     for checkpoint, name in ((ck / "checkpoint11.pt", "eval-test-checkpoint11.json"),
@@ -247,7 +247,7 @@ def test_result_side_files_and_default_names_do_not_collide(toy_run, toy_data_bi
 def test_averaging_writes_beside_the_result_not_into_the_checkpoint_dir(toy_run, toy_data_bin, tmp_path,
                                                                          monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     ck = linked_checkpoints(save_dir, tmp_path / "ck")
     before = sorted(p.name for p in ck.iterdir())
     ck.chmod(0o555)  # read-only (root writes anyway: the listing below is the real check)
@@ -277,7 +277,7 @@ def test_failed_generate_keeps_the_earlier_log(toy_run, toy_data_bin, tmp_path, 
     for path, text in earlier.items():
         path.write_text(text)
     # The real run_generate, running a command that logs and fails the way fairseq-generate can.
-    monkeypatch.setattr(evaluate, "generate_command",
+    monkeypatch.setattr(evaluate.translation, "generate_command",
                         lambda *args: ["sh", "-c", "echo 'some progress' >&2; echo 'ValueError: bad' >&2; exit 3"])
     with pytest.raises(evaluate.UserError) as failed:
         evaluate.evaluate_run(save_dir / "checkpoint12.pt", toy_data_bin, out_json=out)
@@ -319,7 +319,7 @@ def test_outputs_that_are_inputs_are_refused(toy_run, toy_data_bin, tmp_path, ca
 
 def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     lm_data = tmp_path / "lm"
     lm_data.mkdir()
     (lm_data / "dict.txt").write_text("w1 1\n")
@@ -350,7 +350,7 @@ def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, 
 
 def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     model = save_dir / "checkpoint12.pt"
     prepared = tmp_path / "prepared"
     shutil.copytree(toy_data_bin, prepared / "bin")

@@ -1,0 +1,54 @@
+"""The files a run reads: no output of it may replace one, and fairseq must open its checkpoint by that name.
+
+Every tool that writes files beside what it reads (evaluate's result and side files,
+reproduce's tables, benchmark's and analyze's JSON) checks its outputs against its
+inputs with :func:`refuse_overwriting_inputs` before it writes anything.
+"""
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from .argtypes import same_file
+from .errors import UserError
+
+
+@contextlib.contextmanager
+def unsplittable_path(checkpoint):
+    """A name for ``checkpoint`` that fairseq's ``--path`` does not split into an ensemble.
+
+    fairseq splits ``--path`` on ``:``; a file whose path holds one is passed as a
+    symlink in a temporary directory instead. (fairseq-generate, with the plugin,
+    checks the file again when it opens it.)
+    """
+    if os.pathsep not in str(checkpoint):
+        yield checkpoint
+        return
+    with tempfile.TemporaryDirectory(prefix="residual-fairseq-evaluate.") as tmp:
+        link = Path(tmp) / "checkpoint.pt"
+        link.symlink_to(Path(checkpoint).resolve())
+        yield link
+
+
+
+
+def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> None:
+    """UserError when a file the run would write is (or, through symlinks, resolves to) one of its inputs.
+
+    ``outputs``: paths; ``inputs``: (description, path) pairs, e.g. ("the checkpoint", path).
+    """
+    for output in outputs:
+        for role, path in inputs:
+            if path is not None and same_file(output, path):
+                written = "" if Path(output) == Path(out_json) else f" (its side file {output})"
+                raise UserError(f"{flag} {out_json}{written} would overwrite {role} {path}: "
+                                f"choose another result file")
+
+
+def data_input_files(data_bin, subset):
+    """The files of ``data_bin`` that fairseq-generate/-eval-lm read for ``subset``."""
+    data_bin = Path(data_bin)
+    names = [p for p in data_bin.glob("dict*.txt")]
+    names += [p for p in data_bin.iterdir() if p.name.startswith(f"{subset}") and p.suffix in (".bin", ".idx")]
+    return [("the data file", p) for p in sorted(names)]
+
