@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import reproduce
-from residual_fairseq import reproduce_report as report
+from residual_fairseq.reproduce import records as run_records, report
 from residual_fairseq.training_log import validation_curve
 
 # Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
@@ -40,11 +40,11 @@ def test_how_training_ended_reads_the_last_session_of_the_log(tmp_path):
     done = "2026-01-01 00:00:09 | INFO | fairseq_cli.train | done training in 9.0 seconds\n"
     early = ("2026-01-01 00:00:08 | INFO | fairseq_cli.train | early stop since valid performance hasn't "
              "improved for last 5 runs\n")
-    assert report.how_training_ended(tmp_path / "missing.log") is None
+    assert run_records.how_training_ended(tmp_path / "missing.log") is None
     for text, expected in ((start, None), (start + done, "budget"), (start + early + done, "patience 5"),
                            (start + early + done + start, None), (start + early + done + start + done, "budget")):
         log.write_text(text)
-        assert report.how_training_ended(log) == expected, text
+        assert run_records.how_training_ended(log) == expected, text
 
 
 def test_run_records_show_every_run_as_it_stands(tmp_path):
@@ -66,7 +66,7 @@ def test_run_records_show_every_run_as_it_stands(tmp_path):
         "checkpoint": str(finished.save_dir / "checkpoint_best.pt"), "generation": {"beam": 5},
         "sacrebleu": {"score": 19.814, "signature": "nrefs:1|tok:13a"}, "chrf": {"score": 41.29},
         "tokenized_bleu": {"score": 14.79}}))
-    records = [report.run_record(run_) for run_ in (finished, going, failed, waiting)]
+    records = [run_records.run_record(run_) for run_ in (finished, going, failed, waiting)]
     assert [record["status"] for record in records] == ["finished", "unfinished", "failed", "not started"]
     assert {key: records[0][key] for key in ("epochs", "ended_by", "best_valid_loss", "best_epoch", "test_bleu",
                                              "beam", "checkpoint")} == {
@@ -155,8 +155,8 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
         return result
 
     monkeypatch.setattr(train, "train", fake_train)
-    monkeypatch.setattr(reproduce, "evaluate_run", fake_evaluate)
-    monkeypatch.setattr(reproduce, "evaluation_options", lambda run: {})
+    monkeypatch.setattr(reproduce.schedule, "evaluate_run", fake_evaluate)
+    monkeypatch.setattr(reproduce.schedule, "evaluation_options", lambda run: {})
     with pytest.raises(UserError, match="1 of 2 runs failed"):
         reproduce.reproduce(runs, tmp_path / "out")
     out = capsys.readouterr().out
@@ -171,12 +171,14 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
 def test_a_jobs_child_is_the_same_run(tmp_path):
     """--jobs starts this CLI once per run: its arguments must name exactly that run, with the
     same data directory (even one with '=' in its path), flags and decoding."""
+    from residual_fairseq import train
+
     data = tmp_path / "a=b" / "bin"
     [run_] = reproduce.matrix({"sample-es-en": data}, tmp_path / "out", ["b2t"], layers=[7], seeds=[3])
     command = reproduce.driver_command(run_, 1, ["--max-epoch", "2"], {"beam": 2, "generate_args": ["--max-len-b", "9"]},
                                        threads=1, verbose=False)
     assert command[1:3] == ["-m", "residual_fairseq.reproduce"]
-    ours, passthrough = reproduce.train.split_passthrough(command[3:])
+    ours, passthrough = train.split_passthrough(command[3:])
     args = reproduce.build_parser().parse_args(ours)
     assert passthrough == ["--max-epoch", "2"] and args.no_report and args.threads == 1
     assert (args.beam, args.generate_args) == (2, ["--max-len-b", "9"])
@@ -186,7 +188,7 @@ def test_a_jobs_child_is_the_same_run(tmp_path):
     # A one-word --generate-args value that starts with "-" stays the value, not a flag of its own.
     command = reproduce.driver_command(run_, 1, [], {"generate_args": ["--no-repeat-ngram-size=3"]}, threads=1,
                                        verbose=False)
-    ours, _ = reproduce.train.split_passthrough(command[3:])
+    ours, _ = train.split_passthrough(command[3:])
     assert reproduce.build_parser().parse_args(ours).generate_args == ["--no-repeat-ngram-size=3"]
 
 
@@ -249,7 +251,7 @@ def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):
               "print(subprocess.run([sys.executable, '-c', 'import residual_fairseq.reproduce as r; print(r.__file__)'], "
               "env=reproduce.driver_environment(), capture_output=True, text=True).stdout)")
     imported = subprocess.run([sys.executable, "-c", parent], env=CLI_ENV, cwd=tmp_path, capture_output=True, text=True)
-    assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce.py"), imported.stderr[-2000:]
+    assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce" / "__init__.py"), imported.stderr[-2000:]
 
 
 def _finished(run_, bleu, chrf):
@@ -539,7 +541,7 @@ def test_published_runs_tabulate_again_from_their_runs_json_alone(tmp_path):
     finished = [record for record in published if record["status"].startswith("finished")]
     assert len(finished) >= 9 and any(record["status"] == "finished, did not learn" for record in finished)
     out = tmp_path / "out"
-    runs = _matrix_of(published, out, report.read_finished_runs([PUBLISHED / "runs.json"]))
+    runs = _matrix_of(published, out, run_records.read_finished_runs([PUBLISHED / "runs.json"]))
     assert sum(run_.finished for run_ in runs) == len(finished)
     paths = report.write_reports(runs, out)
     assert paths["markdown"].read_text() == (PUBLISHED / "results.md").read_text()
@@ -555,7 +557,7 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
     run validated BLEU), a legend entry per variant rather than per run, and a loss axis fitted
     to the runs that learned, naming the plateaus it leaves above it."""
     published = json.loads((PUBLISHED / "runs.json").read_text())
-    runs = _matrix_of(published, tmp_path / "out", report.read_finished_runs([PUBLISHED / "runs.json"]))
+    runs = _matrix_of(published, tmp_path / "out", run_records.read_finished_runs([PUBLISHED / "runs.json"]))
     not_learned = report.runs_that_did_not_learn(runs)
     figure = report.curves_figure(runs, not_learned)
     panels = [axis for axis in figure.axes if axis.get_visible()]
@@ -667,14 +669,14 @@ def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_win
     assert "1 runs (1 finished)" in printed and f"skip sample-es-en b2t 2L seed 1: finished ({elsewhere})" in printed
     assert "| sample-es-en | b2t | 2 | 1 | 12.50 | 30.00 |" in (out / "results.md").read_text()
     [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, out, ["b2t"], layers=[2],
-                              finished_elsewhere=report.read_finished_runs([elsewhere]))
-    assert report.run_record(run_) == record
+                              finished_elsewhere=run_records.read_finished_runs([elsewhere]))
+    assert run_records.run_record(run_) == record
 
     # Seed 2 was unfinished there: it is not carried over, so it would train here.
-    assert report.read_finished_runs([elsewhere]).keys() == {("sample-es-en", "b2t", 2, 1)}
+    assert run_records.read_finished_runs([elsewhere]).keys() == {("sample-es-en", "b2t", 2, 1)}
     # Evaluated here too: this --out's own result.json and log are the ones tabulated.
     _finished(run_, 14.0, chrf=33.0)
-    assert run_.finished_where == run_.result_path and report.run_metrics(run_)["test_bleu"] == 14.0
+    assert run_.finished_where == run_.result_path and run_records.run_metrics(run_)["test_bleu"] == 14.0
     assert run_.curve() == [] and run_.ended_by() is None
 
 
@@ -785,7 +787,7 @@ def test_a_run_finished_differently_in_two_parts_is_refused(tmp_path, capsys):
     second.write_text(json.dumps([_published_record(test_bleu=30.0)]))
     # The same run tabulated beside others may carry another status: still the same run.
     same.write_text(json.dumps([_published_record(status="finished, did not learn")]))
-    assert len(report.read_finished_runs([first, same])) == 1
+    assert len(run_records.read_finished_runs([first, same])) == 1
     line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
                                                "post_ln", "--layers", "6", "--out", tmp_path / "out",
                                                "--report-only", "--finished-runs", first, second], only_line=True)
@@ -848,8 +850,8 @@ def test_a_language_model_record_goes_round_trip(tmp_path):
     part1 = tmp_path / "part1.json"
     part1.write_text(json.dumps([record]))
     runs = reproduce.matrix({"sample-lm": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[2],
-                            finished_elsewhere=report.read_finished_runs([part1]))
+                            finished_elsewhere=run_records.read_finished_runs([part1]))
     paths = report.write_reports(runs, tmp_path / "out")
     assert json.loads(paths["runs_json"].read_text()) == [record]
     assert "| sample-lm | resi_dual | 2 | 1 | 180.50 | 7.50 | 181.02 |" in paths["lm_markdown"].read_text()
-    assert len(report.read_finished_runs([part1, paths["runs_json"]])) == 1
+    assert len(run_records.read_finished_runs([part1, paths["runs_json"]])) == 1
