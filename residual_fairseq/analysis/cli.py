@@ -15,7 +15,8 @@ from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import add_threads_flag, add_verbose_flag, use_threads
 from ..variants import LM_VARIANTS, VARIANTS
-from .data import is_language_modeling, load_task, measurement_batches, training_batches
+from ..fairseq_data import is_language_modeling, load_task
+from .data import measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
 from .report import TABLES, runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure

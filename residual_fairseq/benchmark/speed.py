@@ -18,8 +18,9 @@ from multiprocessing import get_context
 import torch
 
 from ..errors import UserError
+from ..fairseq_data import is_language_modeling
 from ..variants import VARIANTS
-from .data import draw_batches, first_sentences, is_language_modeling, load_task
+from .data import draw_batches, first_sentences, load_task
 from .memory import CPU_CHILD_ENV, PeakMemory
 from .training import Trainer, autocast, build_variant, check_precision, resolve_device, to_device
 
