@@ -45,10 +45,21 @@ def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> N
                                 f"choose another result file")
 
 
-def data_input_files(data_bin, subset):
-    """The files of ``data_bin`` that fairseq-generate/-eval-lm read for ``subset``."""
+def data_input_files(data_bin, subset=None):
+    """Every file of the data a run reads: the files of ``data_bin`` (the dictionaries and the
+    ``subset`` fairseq reads, and the other splits beside them) and, for residual-fairseq-prepare's
+    ``OUT/bin``, the files of ``OUT`` (its ``manifest.json``, which evaluate reads, the subword
+    model, the text): no output may replace one. ``subset`` is kept for the callers' sake."""
     data_bin = Path(data_bin)
-    names = [p for p in data_bin.glob("dict*.txt")]
-    names += [p for p in data_bin.iterdir() if p.name.startswith(f"{subset}") and p.suffix in (".bin", ".idx")]
-    return [("the data file", p) for p in sorted(names)]
+    files = [("the data file", path) for path in _regular_files(data_bin)]
+    prepared = data_bin.resolve().parent
+    if (prepared / "manifest.json").is_file():
+        files += [("a file of the prepared data", path) for path in _regular_files(prepared)]
+    return files
 
+
+def _regular_files(directory: Path) -> list:
+    try:
+        return sorted(entry for entry in directory.iterdir() if entry.is_file())
+    except OSError:  # unreadable: reading the data says so
+        return []

@@ -126,6 +126,8 @@ def test_bad_data_dir_is_a_one_line_error(tmp_path, capsys):
     (["depth", "--depths", "1,1"], "error: --depths '1,1': 1 is given twice; give each once"),
     (["speed", "--variants", "resi_dual,resi_dual"],
      "error: --variants 'resi_dual,resi_dual': resi_dual is given twice; give each once"),
+    (["speed", "--sizes", "iwslt_de_en:6,iwslt_de_en:06"],
+     "error: --sizes 'iwslt_de_en:6,iwslt_de_en:06': iwslt_de_en:6 is given twice; give each once"),
     (["speed", "--json", "{data}/dict.en.txt"], "error: --json {data}/dict.en.txt is in --data {data}: write it "
                                                   "outside the data directory"),
     (["speed", "--markdown", "{data}/../data/new.md"], "error: --markdown {data}/../data/new.md is in --data {data}"),

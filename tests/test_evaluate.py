@@ -317,6 +317,34 @@ def test_outputs_that_are_inputs_are_refused(toy_run, toy_data_bin, tmp_path, ca
     assert not list(tmp_path.rglob("*.partial-*")) and not list(tmp_path.rglob("*.averaged.pt"))
 
 
+def test_no_output_replaces_a_file_of_the_data_it_reads(toy_run, toy_data_bin, tmp_path, capsys):
+    """Issue 38: --out-json DATA/manifest.json (or spm.model beside OUT/bin, or any file of the data
+    directory, or one a side file would land on) replaced it, and the next evaluate failed."""
+    save_dir, _ = toy_run
+    prepared = tmp_path / "prepared"
+    shutil.copytree(toy_data_bin, prepared / "bin")
+    files = {prepared / "manifest.json": '{"note": "the manifest"}\n', prepared / "spm.model": "model\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    other_split = next((prepared / "bin").glob("valid.*.idx"))
+    files[other_split] = other_split.read_bytes()
+    model = save_dir / "checkpoint12.pt"
+    cases = [
+        (prepared / "manifest.json", "would overwrite a file of the prepared data"),
+        (prepared / "spm.model", "would overwrite a file of the prepared data"),
+        (other_split, "would overwrite the data file"),
+        (prepared / "spm.model.json", "(its side file"),  # its .hyp.txt is not spm.model, but ...
+    ]
+    (prepared / "spm.model.hyp.txt").write_text("a file of the data\n")
+    files[prepared / "spm.model.hyp.txt"] = "a file of the data\n"
+    for out, expected in cases:
+        line = user_error(capsys, evaluate.main, [model, prepared / "bin", "--out-json", out])
+        assert expected in line and line.startswith("error: --out-json"), line
+    for path, content in files.items():
+        assert (path.read_bytes() if isinstance(content, bytes) else path.read_text()) == content
+    assert not list(tmp_path.rglob("*.partial-*"))
+
+
 def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
     save_dir, _ = toy_run
     monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
@@ -335,6 +363,17 @@ def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, 
                                                                  "--required-batch-size-multiple")):
         line = user_error(capsys, evaluate.main, [model, toy_data_bin, f"--generate-args={extra}"])
         assert line.startswith(f"error: {flag} in --generate-args: the evaluation sets it itself"), line
+    # Issue 38: flags after which fairseq-generate prints no test translation (--score-reference
+    # scored the references as hypotheses: sacreBLEU 99.98, exit 0), and a flag given twice.
+    for extra, flag in (("--score-reference", "--score-reference"), ("--prefix-size 2", "--prefix-size"),
+                        ("--sampling --sampling-topk 5", "--sampling"), ("--sampling-topp=0.9", "--sampling-topp"),
+                        ("--retain-dropout", "--retain-dropout")):
+        line = user_error(capsys, evaluate.main, [model, toy_data_bin, f"--generate-args={extra}"])
+        assert line.startswith(f"error: {flag} in --generate-args: fairseq-generate would then print no test "
+                               "translation"), line
+    line = user_error(capsys, evaluate.main, [model, toy_data_bin, "--generate-args=--max-len-b 5 --max-len-b=9"])
+    assert line == "error: --max-len-b is given twice in --generate-args: fairseq would use the last one; give it once"
+    evaluate.check_generate_extra_args(["--print-alignment", "--nbest", "2", "--max-len-b", "9", "--temperature", "1"])
     generated = fake_generate_output(tmp_path / "gen.txt", RAW_HYPOTHESES, RAW_REFERENCES)
     line = user_error(capsys, evaluate.main, ["--from-generate-output", generated, "--subword", "sentencepiece"])
     assert line.startswith("error: --subword does not apply with --from-generate-output"), line

@@ -232,6 +232,11 @@ def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path
                                                    tmp_path / "out", f"--generate-args={extra}"])
         assert line == (f"error: {flag} in --generate-args: the evaluation sets it itself (reproduce offers --beam; "
                         "for other settings, evaluate a run directory with residual-fairseq-evaluate)"), line
+    # ... and those after which fairseq-generate prints no test translation (issue 38: 99.98 BLEU in the tables)
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--out",
+                                               tmp_path / "out", "--generate-args=--score-reference"])
+    assert line.startswith("error: --score-reference in --generate-args: fairseq-generate would then print no test "
+                           "translation"), line
     # -s/-t are not the evaluation's: they pick a direction of a data-bin that holds both
     from residual_fairseq.evaluate import check_generate_extra_args
 
@@ -855,3 +860,28 @@ def test_a_language_model_record_goes_round_trip(tmp_path):
     assert json.loads(paths["runs_json"].read_text()) == [record]
     assert "| sample-lm | resi_dual | 2 | 1 | 180.50 | 7.50 | 181.02 |" in paths["lm_markdown"].read_text()
     assert len(run_records.read_finished_runs([part1, paths["runs_json"]])) == 1
+
+
+def test_a_value_given_twice_is_refused_not_tabulated_twice(tmp_path, capsys):
+    """Issue 38: --variants resi_dual resi_dual trained once and was tabulated as two seeds. Every
+    list option refuses a repeat (and --data naming a dataset twice, where the later one won)."""
+    (tmp_path / "runs.json").write_text("[]\n")
+    base = ["--data", tmp_path / "bin", "--out", tmp_path / "out"]
+    cases = [
+        (["--dataset", "sample-es-en", *base, "--variants", "resi_dual", "resi_dual"],
+         "error: --variants resi_dual resi_dual: resi_dual is given twice; give each once"),
+        (["--dataset", "sample-es-en", *base, "--layers", "2", "--layers", "02"],
+         "error: --layers 2 2: 2 is given twice; give each once"),
+        (["--dataset", "sample-es-en", *base, "--seeds", "1", "3", "1"],
+         "error: --seeds 1 3 1: 1 is given twice; give each once"),
+        (["--dataset", "sample-es-en", "sample-es-en", *base],
+         "error: --dataset sample-es-en sample-es-en: sample-es-en is given twice; give each once"),
+        (["--dataset", "sample-es-en", "--data", "sample-es-en=a", "sample-es-en=b", "--out", tmp_path / "out"],
+         "error: --data names sample-es-en twice (a, b): give each dataset one data directory"),
+        (["--dataset", "sample-es-en", *base, "--finished-runs", tmp_path / "runs.json", tmp_path / "." / "runs.json"],
+         f"error: --finished-runs {tmp_path / 'runs.json'} is given twice (as {tmp_path / 'runs.json'}): "
+         "give each file once"),
+    ]
+    for argv, expected in cases:
+        assert user_error(capsys, reproduce.main, argv) == expected
+    assert not (tmp_path / "out").exists()

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..argtypes import (MAX_SEED, check_output_dir, finite_float, int_at_least, nonnegative_float, positive_float,
-                        read_regular_file)
+                        read_regular_file, refuse_repeats)
 from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
@@ -89,6 +89,7 @@ def parse_checkpoints(specs):
 
 
 def check_args(args):
+    refuse_repeats(args.variants or (), "--variants")  # built and measured twice, two runs of one label
     for name in ("layers", "encoder_layers", "decoder_layers", "embed_dim", "ffn_dim", "heads",
                  "batches", "max_tokens", "measure_every", "tokens_per_sample"):
         value = getattr(args, name)
@@ -192,6 +193,7 @@ def main(argv=None):
     check_args(args)
     check_output_dir(Path(args.out), "--out")
     if args.merge:
+        refuse_inputs_in_out(args.merge, Path(args.out))
         return merge_reports(args.merge, Path(args.out))
     if not args.data:
         raise UserError("give a data dir (or --merge earlier analysis.json files)")
@@ -256,6 +258,15 @@ def describe_loss(run) -> str:
 
 
 MAX_REPORT_BYTES = 256 << 20   # an analysis.json of many deep runs is a few MiB
+
+
+def refuse_inputs_in_out(paths, out: Path) -> None:
+    """A --merge file inside --out (or linked from there) would be replaced by the merged report."""
+    out = Path(os.path.realpath(out))
+    for path in paths:
+        if out in Path(os.path.realpath(path)).parents:
+            raise UserError(f"--merge {path} is inside --out {out}, which the merged report replaces: "
+                            "choose another --out")
 
 
 def merge_reports(paths, out: Path):

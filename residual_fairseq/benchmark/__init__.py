@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from ..argtypes import (MAX_SEED, check_output_file, int_at_least, is_digits, nonnegative_int, positive_float,
-                        positive_int, same_file)
+                        positive_int, refuse_repeats, same_file)
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
 from ..runtime import MAX_THREADS, add_verbose_flag
@@ -22,13 +22,6 @@ from ..variants import LM_VARIANTS, VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
 DEFAULT_LM_SIZES = "gpt2_tiny:6,gpt2_tiny:24"  # used when --data is language-model data
-
-
-def refuse_repeats(values, flag: str, text: str) -> None:
-    """A value given twice would be run twice and shown as two rows of one setting."""
-    repeated = next((value for number, value in enumerate(values) if value in values[:number]), None)
-    if repeated is not None:
-        raise UserError(f"{flag} {text!r}: {repeated} is given twice; give each once")
 
 
 def parse_sizes(text, language_model=False):
@@ -58,6 +51,7 @@ def parse_sizes(text, language_model=False):
         sizes.append((preset, int(layers)))
     if not sizes:
         raise UserError("--sizes is empty")
+    refuse_repeats([f"{preset}:{layers}" for preset, layers in sizes], "--sizes", text)
     return sizes
 
 

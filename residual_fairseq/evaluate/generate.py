@@ -46,11 +46,41 @@ GENERATE_OWN_FLAGS = (
 )  # not -s/-t or --task: the evaluation does not set them, and a data-bin of both directions needs -s/-t
 
 
+# fairseq-generate flags after which its H lines are no test translation of the model, so that
+# the scores would be of something else (exit 0, a plausible number in the result):
+# --score-reference scores the references themselves as the hypotheses (sacreBLEU ~100);
+# --prefix-size N forces the reference's first N tokens into each hypothesis; --sampling
+# (and its --sampling-topk/-topp) and --retain-dropout (dropout on while decoding) draw random
+# translations, another on every run. Decoding settings that still give the model's own
+# deterministic translation (--max-len-b, --no-repeat-ngram-size, --nbest, --temperature,
+# --print-alignment, which adds A lines only, ...) are allowed and recorded in the result.
+GENERATE_UNSCORABLE_FLAGS = ("--score-reference", "--prefix-size", "--sampling", "--sampling-topk",
+                             "--sampling-topp", "--retain-dropout")
+
+
 def check_generate_extra_args(extra_args, instead="use residual-fairseq-evaluate's own --subset, --beam, "
                                                     "--lenpen, --subword, --cpu") -> None:
     """Refuse extra fairseq-generate flags that would override the evaluation's own settings
-    (``instead``: what the calling tool offers for them)."""
+    (``instead``: what the calling tool offers for them), that make its output no test
+    translation (:data:`GENERATE_UNSCORABLE_FLAGS`), or that are given twice (fairseq would
+    take the last, and the result records both)."""
     refuse_flags(extra_args, GENERATE_OWN_FLAGS, f"in --generate-args: the evaluation sets it itself ({instead})")
+    refuse_flags(extra_args, GENERATE_UNSCORABLE_FLAGS,
+                 "in --generate-args: fairseq-generate would then print no test translation of the model "
+                 "(references scored as hypotheses, reference prefixes or random draws), so its scores "
+                 "would mean nothing")
+    refuse_repeated_flags(extra_args, "in --generate-args")
+
+
+def refuse_repeated_flags(extra_args, where: str) -> None:
+    """UserError when a ``--flag`` is given twice in ``extra_args`` (as ``--flag v`` or ``--flag=v``)."""
+    seen = set()
+    for word in extra_args:
+        if isinstance(word, str) and word.startswith("--") and len(word) > 2:
+            name = word.partition("=")[0].replace("_", "-")
+            if name in seen:
+                raise UserError(f"{name} is given twice {where}: fairseq would use the last one; give it once")
+            seen.add(name)
 
 
 def generate_command(checkpoint, data_bin, subset="test", beam=5, lenpen=1.0, max_tokens=4096,

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import List
 
 from .. import configs, train
-from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, same_file, shell_words
+from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, refuse_repeats, same_file, shell_words
 from ..errors import UserError, cli_main
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
@@ -24,6 +24,9 @@ def parse_data(values, datasets) -> dict:
             if len(datasets) != 1:
                 raise UserError("with several --dataset values give --data DATASET=DIR for each")
             dataset, directory = datasets[0], value
+        if dataset in data:  # the later directory would silently win
+            raise UserError(f"--data names {dataset} twice ({data[dataset]}, {directory}): give each dataset "
+                            "one data directory")
         data[dataset] = directory
     missing = [dataset for dataset in datasets if dataset not in data]
     unknown = [dataset for dataset in data if dataset not in datasets]
@@ -75,7 +78,10 @@ def build_parser():
 def finished_runs(paths, out: Path) -> dict:
     """read_finished_runs of ``--finished-runs``, refusing this --out's own runs.json: the
     tables rewrite it, and records of runs outside this matrix would be gone from it."""
-    for path in paths:
+    for number, path in enumerate(paths):
+        twice = next((earlier for earlier in paths[:number] if same_file(earlier, path)), None)
+        if twice is not None:
+            raise UserError(f"--finished-runs {path} is given twice (as {twice}): give each file once")
         if same_file(path, out / "runs.json"):
             raise UserError(f"--finished-runs {path} is this --out's runs.json, which this command rewrites: "
                             f"copy it elsewhere and give the copy")
@@ -102,9 +108,12 @@ def main(argv=None):
     check_output_dir(args.out, "--out")
     check_passthrough(passthrough)
     check_evaluation_options(args.dataset, args.beam, args.generate_args)
-    # in the order given, once each
-    args.layers = list(dict.fromkeys(args.layers)) if args.layers else None
-    args.seeds = list(dict.fromkeys(args.seeds or [1]))
+    # A value given twice would be trained once and tabulated twice (two "seeds" of one run).
+    for flag, values in (("--dataset", args.dataset), ("--variants", args.variants or ()),
+                         ("--layers", args.layers or ()), ("--seeds", args.seeds or ())):
+        refuse_repeats(values, flag)
+    args.layers = args.layers or None
+    args.seeds = args.seeds or [1]
     data = parse_data(args.data, args.dataset)
     elsewhere = finished_runs(args.finished_runs, Path(args.out))
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
