@@ -126,6 +126,11 @@ def test_bad_data_dir_is_a_one_line_error(tmp_path, capsys):
     (["depth", "--depths", "1,1"], "error: --depths '1,1': 1 is given twice; give each once"),
     (["speed", "--variants", "resi_dual,resi_dual"],
      "error: --variants 'resi_dual,resi_dual': resi_dual is given twice; give each once"),
+    # Issue 38: models that cannot fit grew until the machine ran out; refused before any is built.
+    (["speed", "--sizes", "vaswani_wmt_en_de_big:1000", "--device", "cpu"],
+     "error: a 1000+1000-layer model of width 1024 needs about"),
+    (["depth", "--depths", "1000", "--width", "4096", "--device", "cpu"],
+     "error: a 1000+1000-layer model of width 4096 needs about"),
     (["speed", "--sizes", "iwslt_de_en:6,iwslt_de_en:06"],
      "error: --sizes 'iwslt_de_en:6,iwslt_de_en:06': iwslt_de_en:6 is given twice; give each once"),
     (["speed", "--json", "{data}/dict.en.txt"], "error: --json {data}/dict.en.txt is in --data {data}: write it "

@@ -13,9 +13,10 @@ from ..argtypes import (MAX_SEED, check_output_dir, finite_float, int_at_least, 
 from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
+from ..fairseq_data import is_language_modeling, load_task
+from ..model_memory import check_fits_memory
 from ..runtime import add_threads_flag, add_verbose_flag, use_threads
 from ..variants import LM_VARIANTS, VARIANTS
-from ..fairseq_data import is_language_modeling, load_task
 from .data import measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
 from .report import TABLES, runs_from_dict, write_figures, write_tables
@@ -117,18 +118,8 @@ def check_args(args):
 def check_model_fits_memory(args):
     """Refuse a model whose weights, gradients and Adam state alone exceed this machine's memory."""
     embed = args.embed_dim or 512
-    ffn = args.ffn_dim or 4 * embed
-    encoder = args.encoder_layers or args.layers or 6
-    decoder = args.decoder_layers or args.layers or 6
-    parameters = encoder * (4 * embed * embed + 2 * embed * ffn) + decoder * (8 * embed * embed + 2 * embed * ffn)
-    needed = parameters * 4 * 4  # fp32 weights, gradients, two Adam moments
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if needed > memory:
-        raise UserError(f"a {encoder}+{decoder}-layer model of width {embed} needs about {needed / 2**30:.0f} GiB "
-                        f"for its weights and optimizer state; this machine has {memory / 2**30:.0f} GiB")
+    check_fits_memory(args.encoder_layers or args.layers or 6, args.decoder_layers or args.layers or 6, embed,
+                      args.ffn_dim or 4 * embed)
 
 
 # Every name write_tables and write_figures give a file: an earlier output holding only
