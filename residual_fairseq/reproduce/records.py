@@ -52,6 +52,20 @@ def dig(value, keys):
     return value
 
 
+def data_label(dataset: str, data_name=None) -> str:
+    """How tables and plots name a run's data: the data's own name (its directory: ``YOUR_CORPUS``
+    for ``YOUR_CORPUS/bin``), with the config it was trained with when that is another name
+    (``YOUR_CORPUS (config sample-es-en)``); the config's name when the data's is not known."""
+    if not data_name or data_name == dataset:
+        return dataset
+    return f"{data_name} (config {dataset})"
+
+
+def run_label(run) -> str:
+    """:func:`data_label` of a run."""
+    return data_label(run.dataset, getattr(run, "data_name", None))
+
+
 def run_metrics(run: "Run") -> dict:
     """The numbers one finished run contributes to the table."""
     result = run.result()
@@ -96,8 +110,8 @@ def run_record(run: "Run", did_not_learn: bool = False) -> dict:
     # The last of equal bests: fairseq rewrites checkpoint_best.pt on a tie.
     best = min(reversed(curve), key=lambda point: point["loss"]) if curve else None
     status = "finished" if run.finished else ("failed" if run.failure else ("unfinished" if curve else "not started"))
-    record = {"dataset": run.dataset, "variant": run.variant, "layers": run.layers, "seed": run.seed,
-              "status": status, "epochs": curve[-1]["epoch"] if curve else None,
+    record = {"dataset": run.dataset, **({"data": run.data_name} if getattr(run, "data_name", None) else {}),
+              "variant": run.variant, "layers": run.layers, "seed": run.seed, "status": status, "epochs": curve[-1]["epoch"] if curve else None,
               "ended_by": run.ended_by(),
               "best_valid_loss": best["loss"] if best else None, "best_epoch": best["epoch"] if best else None}
     if run.finished:
@@ -147,6 +161,9 @@ def record_problem(record: dict) -> Optional[str]:
     """What makes a finished run's record unlike run_record's, or None."""
     if not (isinstance(record.get("dataset"), str) and record["dataset"] in configs.DATASETS):
         return "names no known dataset"
+    data = record.get("data")
+    if data is not None and not (isinstance(data, str) and 0 < len(data) <= 255 and data.isprintable()):
+        return "has an odd data name"
     if not (isinstance(record.get("variant"), str) and record["variant"] in VARIANTS):
         return "names no known variant"
     if not is_count(record.get("layers"), 1, configs.MAX_LAYERS):

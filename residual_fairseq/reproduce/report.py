@@ -23,7 +23,8 @@ from typing import List, Optional
 from ..argtypes import is_finite_number
 from ..atomic import atomic_output, write_text_atomically
 from ..variants import COLOURS
-from .records import LM_METRICS, METRICS, is_language_model, metrics_for, run_metrics, run_record
+from .records import (LM_METRICS, METRICS, data_label, is_language_model, metrics_for, run_label, run_metrics,
+                      run_record)
 
 
 def runs_markdown(records: List[dict]) -> str:
@@ -35,7 +36,7 @@ def runs_markdown(records: List[dict]) -> str:
     for record in records:
         epochs = "-" if record["epochs"] is None else f"{record['epochs']} ({record['ended_by'] or '-'})"
         best = "-" if record["best_valid_loss"] is None else f"{record['best_valid_loss']:.3f} ({record['best_epoch']})"
-        cells = [record["dataset"], record["variant"], str(record["layers"]), str(record["seed"]), record["status"],
+        cells = [data_label(record["dataset"], record.get("data")), record["variant"], str(record["layers"]), str(record["seed"]), record["status"],
                  epochs, best] + ["-" if record.get(column) is None else f"{record[column]:.2f}" for column, _ in tests]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -95,7 +96,7 @@ def summarize(runs: List["Run"], not_learned: Optional[set] = None) -> List[dict
         finished = [(run, run_metrics(run)) for run in members if run.finished]
         learned = [(run, metrics) for run, metrics in finished if _key(run) not in not_learned]
         metrics = [metrics for _, metrics in learned]
-        row = {"dataset": dataset, "variant": variant, "layers": layers,
+        row = {"dataset": dataset, "data": run_label(members[0]), "variant": variant, "layers": layers,
                "seeds": " ".join(str(run.seed) for run, _ in learned),
                "did_not_learn": "; ".join(f"seed {run.seed} ({metrics['test_bleu']:.2f} BLEU)"
                                           for run, metrics in finished if _key(run) in not_learned),
@@ -121,6 +122,7 @@ def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optio
     comparisons is made: with 3 seeds a test this small is a guide, not proof.
     """
     values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
+    labels = {run.dataset: run_label(run) for run in runs}
     not_learned = runs_that_did_not_learn(runs) if not_learned is None else not_learned
     for run in runs:
         metrics = run_metrics(run) if run.finished and _key(run) not in not_learned else None
@@ -146,7 +148,7 @@ def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optio
                 p_value = float(ttest_ind(seeded[best], seeds, equal_var=False).pvalue)
             verdict = ("no spread to test" if math.isnan(p_value)
                        else "beyond seed noise" if p_value < alpha else "within seed noise")
-            rows.append({"dataset": dataset, "layers": layers, "metric": label, "best": best, "variant": variant,
+            rows.append({"dataset": dataset, "data": labels[dataset], "layers": layers, "metric": label, "best": best, "variant": variant,
                          "difference": mean_std(seeds)[0] - mean_std(seeded[best])[0], "p": p_value,
                          "verdict": verdict})
     return rows
@@ -161,7 +163,7 @@ def seed_noise_markdown(rows: List[dict]) -> str:
              "| dataset | layers | metric | best | variant | difference | p | verdict |", "|" + "---|" * 8]
     for row in rows:
         p_value = "-" if math.isnan(row["p"]) else f"{row['p']:.3f}"
-        lines.append(f"| {row['dataset']} | {row['layers']} | {row['metric']} | {row['best']} | {row['variant']} | "
+        lines.append(f"| {row.get('data', row['dataset'])} | {row['layers']} | {row['metric']} | {row['best']} | {row['variant']} | "
                      f"{row['difference']:+.2f} | {p_value} | {row['verdict']} |")
     return "\n".join(lines) + "\n"
 
@@ -183,7 +185,7 @@ def markdown_table(rows: List[dict], metrics=METRICS) -> str:
               + [column.replace("_", " ") for column in outcomes])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["dataset"], row["variant"], str(row["layers"]), row["seeds"] or "-"]
+        cells = [row.get("data", row["dataset"]), row["variant"], str(row["layers"]), row["seeds"] or "-"]
         cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
         cells += [row.get(column, "").replace("|", "/") or "-" for column in outcomes]
         lines.append("| " + " | ".join(cells) + " |")
@@ -197,7 +199,8 @@ def csv_table(rows: List[dict], metrics=METRICS) -> str:
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({key: ("" if row[key] is None else row[key]) for key in fields})
+        values = {**row, "dataset": row.get("data", row["dataset"])}  # the data's name (data_label)
+        writer.writerow({key: ("" if values[key] is None else values[key]) for key in fields})
     return buffer.getvalue()
 
 
@@ -236,7 +239,8 @@ def curves_figure(runs: List["Run"], not_learned=frozenset()):
             panel = [(run, curve) for run, curve in curves if (run.dataset, run.layers) == (dataset, layers)]
             axis.set_xlabel("updates")
             _draw_panel(axis, panel, metric, not_learned)
-            axis.set_title(f"{dataset}, {layers} layers: valid {'loss' if metric == 'loss' else 'BLEU'}")
+            shown = "loss" if metric == "loss" else "BLEU"
+            axis.set_title(f"{run_label(panel[0][0])}, {layers} layers: valid {shown}")
             axis.grid(alpha=0.3)
             variants = list(dict.fromkeys(run.variant for run, _ in panel))
             handles = [Line2D([], [], color=COLOURS[variant], label=variant) for variant in variants]

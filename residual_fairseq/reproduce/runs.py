@@ -59,6 +59,25 @@ class Run:
     record_path: Optional[Path] = field(default=None, compare=False, repr=False)
 
     @property
+    def data_name(self) -> Optional[str]:
+        """The name of the data it trains on (tables and plots name it, beside the config; see
+        records.data_label): the dataset residual-fairseq-prepare's manifest beside the data names,
+        unless it is an own corpus (``custom``); else the data's directory (``YOUR_CORPUS`` for
+        ``YOUR_CORPUS/bin``). For a run finished elsewhere, what its record says (None: an older
+        record, which does not)."""
+        if self.from_record:
+            return self.record.get("data")
+        data = Path(self.data)
+        try:
+            manifest = read_manifest(data.parent)
+        except (UserError, OSError, ValueError):  # a damaged manifest is reported where it is used
+            manifest = None
+        named = manifest.get("dataset") if is_prepare_manifest(manifest) else None
+        if isinstance(named, str) and named.isprintable() and 0 < len(named) <= 100 and not named.startswith("custom"):
+            return named
+        return (data.parent.name if data.name == "bin" and data.parent.name else data.name) or None
+
+    @property
     def save_dir(self) -> Path:
         return self.out / "runs" / self.dataset / configs.config_name(self.variant, self.layers) / f"seed{self.seed}"
 
