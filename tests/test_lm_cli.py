@@ -358,6 +358,22 @@ def test_evaluating_a_non_language_model_is_refused_before_fairseq_runs(toy_lm, 
     assert "fairseq-eval-lm" not in capsys.readouterr().out
 
 
+def test_evaluating_a_language_model_on_translation_data_is_one_line(toy_lm, toy_data_bin, tmp_path, capsys):
+    """Issue 38: a language model given translation data failed inside fairseq-generate with a dump
+    of size mismatches; it is one line saying what it is and what to give instead, nothing run."""
+    from helpers import user_error
+    from residual_fairseq.evaluate import main as evaluate_main
+
+    _, save_dir, _ = toy_lm
+    checkpoint = save_dir / "checkpoint_last.pt"
+    line = user_error(capsys, evaluate_main, [checkpoint, toy_data_bin, "--subword", "none",
+                                              "--out-json", tmp_path / "r.json"])
+    assert line == (f"error: checkpoint {checkpoint} is a language model (task language_modeling), not a "
+                    "translation model: evaluate it on its language-model data (a directory with one dict.txt) "
+                    "for its perplexity"), line
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("extra", [["--gen-subset", "valid"], ["--context-window", "0"], ["--tokens-per-sample=8"],
                                    ["--output-word-probs", "--path", "other.pt"], ["--cpu"], ["--task=translation"]])
 def test_extra_eval_lm_flags_may_not_override_the_evaluations_own(tmp_path, capsys, extra):

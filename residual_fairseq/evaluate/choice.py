@@ -4,7 +4,7 @@ from typing import Optional
 
 from ..average_checkpoints import average_last_checkpoints
 from ..errors import UserError
-from ..safe_checkpoints import verify_checkpoint_file
+from ..safe_checkpoints import checkpoint_task, verify_checkpoint_file
 
 
 def pick_checkpoint(checkpoint, last_n: Optional[int] = None):
@@ -45,3 +45,12 @@ def resolve_checkpoint(checkpoint, last_n: Optional[int] = None, update_based: b
     sources = average_last_checkpoints(directory, last_n, averaged_path, update_based)
     print(f"averaged {len(sources)} checkpoints into {averaged_path}:\n  " + "\n  ".join(sources), flush=True)
     return averaged_path, sources
+
+
+def check_translation_checkpoint(state: dict, checkpoint) -> None:
+    """UserError when a verified checkpoint state is a language model: fairseq-generate on translation
+    data would fail with a dump of size mismatches."""
+    if checkpoint_task(state)[0] == "language_modeling":
+        raise UserError(f"checkpoint {checkpoint} is a language model (task language_modeling), not a translation "
+                        "model: evaluate it on its language-model data (a directory with one dict.txt) for its "
+                        "perplexity")

@@ -10,8 +10,8 @@ from ..argtypes import check_output_file
 from ..data.binarized import check_split
 from ..errors import UserError
 from ..run_inputs import data_input_files, refuse_overwriting_inputs, unsplittable_path
-from ..safe_checkpoints import verify_checkpoint_file
-from .choice import pick_checkpoint
+from ..safe_checkpoints import read_checkpoint
+from .choice import check_translation_checkpoint, pick_checkpoint
 from .generate import (GenerateFailed, binarized_size, check_generate_extra_args, generate_command,
                        resolve_detok_lang, resolve_subword, run_generate, score_generate_output)
 from .staging import default_result_name, remove_abandoned_staging, result_files, write_json
@@ -82,12 +82,15 @@ def evaluate_run(checkpoint, data_bin, *, subset="test", last_n=None, update_bas
     remove_abandoned_staging(files[role] for role in staged)
     try:
         if last_n:
-            averaging.save_checkpoint_atomically(averaging.average_checkpoints(sources), staged["averaged"])
+            averaged = averaging.average_checkpoints(sources)
+            check_translation_checkpoint(averaged, sources[0])
+            averaging.save_checkpoint_atomically(averaged, staged["averaged"])
             print(f"averaged {len(sources)} checkpoints (into {files['averaged']}):\n  " + "\n  ".join(sources),
                   flush=True)
             checkpoint_path = staged["averaged"]
         else:
-            checkpoint_path = verify_checkpoint_file(checkpoint_file)
+            check_translation_checkpoint(read_checkpoint(checkpoint_file), checkpoint_file)  # verified, too
+            checkpoint_path = Path(checkpoint_file)
         with unsplittable_path(checkpoint_path) as generate_path:
             command = generate_command(generate_path, data_bin, subset, beam, lenpen, max_tokens, batch_size,
                                        subword, cpu, user_dir, generate_args)
