@@ -208,9 +208,16 @@ def main(argv=None):
     if args.command == "depth" and args.width % 4:
         raise UserError(f"--width {args.width} must be divisible by the 4 attention heads")
     # Imported after parsing, so that bad options fail before the runs set anything up.
-    from .report import depth_report, echo, environment, speed_report, write_outputs
+    from .quiet import quiet_known_noise
 
+    with quiet_known_noise(args.verbose):
+        return run_benchmark(args, argv)
+
+
+def run_benchmark(args, argv) -> int:
+    """The benchmark ``args`` ask for: run, print its table, write its files."""
     from .data import is_language_model_data
+    from .report import depth_report, echo, environment, speed_report, write_outputs
 
     started = environment(argv)  # its date is when the run began
     language_model = is_language_model_data(args.data)
