@@ -1,4 +1,4 @@
-"""How much memory training a transformer takes: the one estimate by which analyze and benchmark refuse a model that cannot fit.
+"""How much memory training a transformer takes: the one estimate by which analyze and benchmark refuse a model.
 
 A lower bound, from the sizes alone (the model is never built for it): fp32 weights,
 their gradients and Adam's two moments (16 bytes a parameter, embeddings not counted)

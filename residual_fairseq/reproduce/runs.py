@@ -1,6 +1,7 @@
-"""The runs of a reproduce matrix (dataset x variant x depth x seed): where each lives, whether it finished, how it is evaluated.
+"""The runs of a reproduce matrix (dataset x variant x depth x seed): where each lives, whether it finished.
 
-Layout::
+How a run is evaluated (the dataset's settings, and the subword method residual-fairseq-prepare
+recorded) is decided here too. Layout::
 
     OUT/runs/<dataset>/<variant>-<L>l/seed<S>/   checkpoints, train.log, run.json, result.json
 """
