@@ -31,6 +31,7 @@ The package, by concept: :mod:`.choice` (which checkpoint), :mod:`.generate`
 their staged commit), :mod:`.translation` (one evaluation, :func:`evaluate_run`),
 :mod:`.cli` (``residual-fairseq-evaluate``).
 """
+from ..errors import UserError
 from ..run_inputs import data_input_files, refuse_overwriting_inputs, unsplittable_path
 from .choice import pick_checkpoint, resolve_checkpoint
 from .cli import build_parser, is_language_model_data, main
@@ -40,7 +41,6 @@ from .generate import (GENERATE_OWN_FLAGS, REMOVE_BPE, GenerateFailed, binarized
                        score_generate_output, summary)
 from .staging import default_result_name, remove_abandoned_staging, result_files, result_stem, write_json
 from .translation import evaluate_run
-from ..errors import UserError
 
 __all__ = [
     "GENERATE_OWN_FLAGS", "REMOVE_BPE", "GenerateFailed", "UserError", "binarized_size", "build_parser",

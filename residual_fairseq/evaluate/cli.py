@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..argtypes import check_output_file, int_at_least, length_penalty, positive_int, shell_words
 from ..errors import UserError, cli_main
+from ..fairseq_data import is_language_model_data
 from ..run_inputs import data_input_files, refuse_overwriting_inputs
 from ..runtime import add_threads_flag, add_verbose_flag, resolve_threads, threads_note
 from .generate import REMOVE_BPE, generate_output_segmentation, read_generate_output, score_generate_output, summary
@@ -56,11 +57,6 @@ def build_parser():
     add_threads_flag(parser)
     add_verbose_flag(parser)
     return parser
-
-
-def is_language_model_data(data) -> bool:
-    """fairseq's language_modeling layout: one dict.txt, no dict.<lang>.txt."""
-    return (Path(data) / "dict.txt").is_file() and not any(Path(data).glob("dict.*.txt"))
 
 
 # Options that only one kind of evaluation reads; given to another, they would be silently ignored.
