@@ -910,3 +910,19 @@ def test_tables_and_plots_name_the_data_and_the_config_apart(tmp_path):
     [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln"],
                               layers=[2])
     assert run_records.run_label(run_) == "sample-es-en"
+
+
+def test_reports_never_replace_a_file_the_run_reads(tmp_path, capsys):
+    """Issue 38: what a run reads is never an output. A table, record or plot that --out would write
+    over a file of the data (or of prepare's output around it) is refused before anything runs."""
+    data = tmp_path / "corpus" / "bin"
+    data.mkdir(parents=True)
+    (data / "dict.es.txt").write_text("a 1\n")
+    (tmp_path / "corpus" / "manifest.json").write_text("{}\n")
+    (tmp_path / "corpus" / "results.md").write_text("my notes on the corpus\n")
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", data, "--out", tmp_path / "corpus",
+                                               "--variants", "post_ln", "--layers", "2", "--dry-run"])
+    assert line == (f"error: --out {tmp_path / 'corpus'}: its results.md would overwrite a file of the prepared data "
+                    f"{tmp_path / 'corpus' / 'results.md'}: choose another --out"), line
+    assert (tmp_path / "corpus" / "results.md").read_text() == "my notes on the corpus\n"
+    assert not (tmp_path / "corpus" / "runs").exists()

@@ -7,10 +7,11 @@ from typing import List
 from .. import configs, train
 from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, refuse_repeats, same_file, shell_words
 from ..errors import UserError, cli_main
+from ..run_inputs import data_input_files
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
 from .records import read_finished_runs
-from .report import write_reports
+from .report import REPORT_NAMES, write_reports
 from .runs import Run, matrix
 from .schedule import check_evaluation_options, check_passthrough, reproduce
 
@@ -88,6 +89,18 @@ def finished_runs(paths, out: Path) -> dict:
     return read_finished_runs(paths)
 
 
+def refuse_reports_over_inputs(out: Path, data: dict, finished_paths) -> None:
+    """UserError when a table, record or plot this command writes into ``out`` would replace a file it
+    reads: a file of a --data directory (or of residual-fairseq-prepare's output around it) or a
+    --finished-runs file."""
+    inputs = [("the --finished-runs file", path) for path in finished_paths]
+    inputs += [entry for directory in data.values() if Path(directory).is_dir() for entry in data_input_files(directory)]
+    for name in REPORT_NAMES:
+        for role, path in inputs:
+            if same_file(out / name, path):
+                raise UserError(f"--out {out}: its {name} would overwrite {role} {path}: choose another --out")
+
+
 def say_where_runs_come_from(runs: List[Run], finished_elsewhere: dict) -> None:
     """A note for records this matrix leaves out, and for runs finished both here and elsewhere."""
     keys = {(run.dataset, run.variant, run.layers, run.seed) for run in runs}
@@ -116,6 +129,7 @@ def main(argv=None):
     args.seeds = args.seeds or [1]
     data = parse_data(args.data, args.dataset)
     elsewhere = finished_runs(args.finished_runs, Path(args.out))
+    refuse_reports_over_inputs(Path(args.out), data, args.finished_runs)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "

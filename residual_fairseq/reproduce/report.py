@@ -308,6 +308,10 @@ def plot_curves(runs: List["Run"], path: Path, not_learned=frozenset()) -> Path:
     return path
 
 
+# Every file write_reports writes into OUT.
+REPORT_NAMES = ("results.md", "results.csv", "results-lm.md", "results-lm.csv", "runs.md", "runs.json", "curves.png")
+
+
 def write_reports(runs: List["Run"], out: Path) -> dict:
     """results.md/.csv (mean ± std per variant; the markdown adds which differences are beyond
     seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths."""
