@@ -89,7 +89,7 @@ def joined_dictionary(task) -> bool:
 def epoch_batches(task, split, max_tokens=None, max_sentences=None, max_positions=None, seed=1, shuffle=True,
                   epoch=1):
     """An iterator over one epoch of ``split``'s batches, in fairseq's order (shuffled with
-    ``seed`` and ``epoch``, or not). ``max_positions`` None: the task's; longer sentences are
+    ``seed`` and ``epoch``, or not; a new iterator every call, whatever was drawn before). ``max_positions`` None: the task's; longer sentences are
     skipped, as fairseq-train would."""
     if split not in task.datasets:
         check_task_split(task, split)  # whole and matching its dictionary: one line if not
@@ -104,6 +104,9 @@ def epoch_batches(task, split, max_tokens=None, max_sentences=None, max_position
             ignore_invalid_inputs=True, seed=seed,
             num_workers=0,  # worker processes cost seconds here and gain nothing
             epoch=epoch,
+            # fairseq caches one iterator per dataset object and would hand back the first
+            # call's (its seed, its epoch) to every later call: each call gets its own
+            disable_iterator_cache=True,
         )
     except (AssertionError, ValueError) as err:  # fairseq's batch_by_size: a sentence longer than max_tokens
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else "a sentence is longer"
