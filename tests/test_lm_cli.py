@@ -233,9 +233,10 @@ def test_lm_configs_differ_only_in_residual_scheme(dataset):
 def test_analysis_measures_language_models(toy_lm):
     """residual-fairseq-analyze's API on LM data: one stack (the decoder), d measured for ResiDual."""
     from residual_fairseq.analysis import data, models, probe, training
+    from residual_fairseq.fairseq_data import load_task
 
     prepared, _, _ = toy_lm
-    task = data.load_task(prepared / "bin", tokens_per_sample=32)
+    task = load_task(prepared / "bin", tokens_per_sample=32)
     batches = data.measurement_batches(task, "valid", max_tokens=256, num_batches=1)
     criterion = training.build_label_smoothed_criterion(task, 0.0)
     for variant in ("post_ln", "pre_ln", "resi_dual"):
