@@ -5,7 +5,9 @@ reproduce's tables, benchmark's and analyze's JSON) checks its outputs against i
 inputs with :func:`refuse_overwriting_inputs` before it writes anything.
 """
 import contextlib
+import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -45,16 +47,29 @@ def refuse_overwriting_inputs(outputs, inputs, out_json, flag="--out-json") -> N
                                 f"choose another result file")
 
 
+# What fairseq-preprocess writes into a data directory.
+_PREPROCESSED = re.compile(r"(dict.*\.txt|.*\.(bin|idx)|preprocess\.log)")
+
+
 def data_input_files(data_bin, subset=None):
-    """Every file of the data a run reads: the files of ``data_bin`` (the dictionaries and the
-    ``subset`` fairseq reads, and the other splits beside them) and, for residual-fairseq-prepare's
-    ``OUT/bin``, the files of ``OUT`` (its ``manifest.json``, which evaluate reads, the subword
-    model, the text): no output may replace one. ``subset`` is kept for the callers' sake."""
+    """The files of the data a run reads, which no output may replace: what fairseq-preprocess wrote
+    into ``data_bin`` (dictionaries, every split's .bin/.idx, its log) and, for residual-fairseq-prepare's
+    ``OUT/bin``, ``OUT/manifest.json`` (evaluate reads it) and every file that manifest lists (the
+    subword model, the text...). Other files there (an earlier result, notes) are not the data's.
+    ``subset`` is kept for the callers' sake: every split counts."""
     data_bin = Path(data_bin)
-    files = [("the data file", path) for path in _regular_files(data_bin)]
+    files = [("the data file", path) for path in _regular_files(data_bin) if _PREPROCESSED.fullmatch(path.name)]
     prepared = data_bin.resolve().parent
-    if (prepared / "manifest.json").is_file():
-        files += [("a file of the prepared data", path) for path in _regular_files(prepared)]
+    manifest = prepared / "manifest.json"
+    if manifest.is_file():
+        files.append(("a file of the prepared data", manifest))
+        try:
+            listed = json.loads(manifest.read_text("utf-8")).get("files")
+        except (OSError, ValueError, AttributeError, RecursionError):  # not prepare's: only the manifest itself
+            listed = None
+        if isinstance(listed, dict):
+            files += [("a file of the prepared data", prepared / name) for name in listed
+                      if isinstance(name, str) and (prepared / name).is_file()]
     return files
 
 

@@ -317,32 +317,32 @@ def test_outputs_that_are_inputs_are_refused(toy_run, toy_data_bin, tmp_path, ca
     assert not list(tmp_path.rglob("*.partial-*")) and not list(tmp_path.rglob("*.averaged.pt"))
 
 
-def test_no_output_replaces_a_file_of_the_data_it_reads(toy_run, toy_data_bin, tmp_path, capsys):
-    """Issue 38: --out-json DATA/manifest.json (or spm.model beside OUT/bin, or any file of the data
-    directory, or one a side file would land on) replaced it, and the next evaluate failed."""
+def test_no_output_replaces_a_file_of_the_data_it_reads(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
+    """Issue 38: --out-json DATA/manifest.json (or spm.model beside OUT/bin, or a split that is
+    not the one scored) replaced it, and the next evaluate failed. What is not the data's (an
+    earlier result written there) may still be replaced by a rerun."""
     save_dir, _ = toy_run
     prepared = tmp_path / "prepared"
     shutil.copytree(toy_data_bin, prepared / "bin")
-    files = {prepared / "manifest.json": '{"note": "the manifest"}\n', prepared / "spm.model": "model\n"}
+    manifest = json.dumps({"note": "prepare's manifest", "files": {"spm.model": {}, "bin/dict.src.txt": {}}})
+    files = {prepared / "manifest.json": manifest, prepared / "spm.model": "model\n"}
     for path, text in files.items():
         path.write_text(text)
     other_split = next((prepared / "bin").glob("valid.*.idx"))
     files[other_split] = other_split.read_bytes()
     model = save_dir / "checkpoint12.pt"
-    cases = [
-        (prepared / "manifest.json", "would overwrite a file of the prepared data"),
-        (prepared / "spm.model", "would overwrite a file of the prepared data"),
-        (other_split, "would overwrite the data file"),
-        (prepared / "spm.model.json", "(its side file"),  # its .hyp.txt is not spm.model, but ...
-    ]
-    (prepared / "spm.model.hyp.txt").write_text("a file of the data\n")
-    files[prepared / "spm.model.hyp.txt"] = "a file of the data\n"
-    for out, expected in cases:
+    for out, expected in ((prepared / "manifest.json", "would overwrite a file of the prepared data"),
+                          (prepared / "spm.model", "would overwrite a file of the prepared data"),
+                          (other_split, "would overwrite the data file")):
         line = user_error(capsys, evaluate.main, [model, prepared / "bin", "--out-json", out])
-        assert expected in line and line.startswith("error: --out-json"), line
+        assert line.startswith(f"error: --out-json {out} {expected} {out}"), line
     for path, content in files.items():
         assert (path.read_bytes() if isinstance(content, bytes) else path.read_text()) == content
     assert not list(tmp_path.rglob("*.partial-*"))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate([]))
+    for _ in range(2):  # a result kept beside the data is the user's, not the data's: rerunning replaces it
+        evaluate.evaluate_run(model, prepared / "bin", out_json=prepared / "bin" / "eval.json", subword="none")
+    assert json.loads((prepared / "bin" / "eval.json").read_text())["num_sentences"] == 40
 
 
 def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):

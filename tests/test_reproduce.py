@@ -918,11 +918,11 @@ def test_reports_never_replace_a_file_the_run_reads(tmp_path, capsys):
     data = tmp_path / "corpus" / "bin"
     data.mkdir(parents=True)
     (data / "dict.es.txt").write_text("a 1\n")
-    (tmp_path / "corpus" / "manifest.json").write_text("{}\n")
-    (tmp_path / "corpus" / "results.md").write_text("my notes on the corpus\n")
+    (tmp_path / "corpus" / "manifest.json").write_text('{"files": {"results.md": {}}}\n')  # prepare's, listing it
+    (tmp_path / "corpus" / "results.md").write_text("the corpus' results.md\n")
     line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", data, "--out", tmp_path / "corpus",
                                                "--variants", "post_ln", "--layers", "2", "--dry-run"])
     assert line == (f"error: --out {tmp_path / 'corpus'}: its results.md would overwrite a file of the prepared data "
                     f"{tmp_path / 'corpus' / 'results.md'}: choose another --out"), line
-    assert (tmp_path / "corpus" / "results.md").read_text() == "my notes on the corpus\n"
+    assert (tmp_path / "corpus" / "results.md").read_text() == "the corpus' results.md\n"
     assert not (tmp_path / "corpus" / "runs").exists()
