@@ -318,7 +318,8 @@ def test_reproduce_trains_and_scores_a_language_model_end_to_end(toy_lm, tmp_pat
     result = json.loads((save_dir / "result.json").read_text())
     assert result["tokens"] > 0 and result["perplexity"] > 1 and "fairseq-eval-lm" in result["command"]
     table = (out / "results-lm.md").read_text()
-    assert f"| sample-lm | resi_dual | 2 | 1 | {result['perplexity']:.2f} |" in table, table
+    # an own corpus (prepare --dataset custom-lm, in prepared/) trained with the sample-lm config: both named
+    assert f"| prepared (config sample-lm) | resi_dual | 2 | 1 | {result['perplexity']:.2f} |" in table, table
     assert "note: 1 CPU thread" in proc.stdout
 
 
