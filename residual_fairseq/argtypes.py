@@ -166,6 +166,17 @@ def same_file(a, b) -> bool:
         return False
 
 
+def refuse_repeats(values, flag: str, text: str = None) -> None:
+    """UserError when a value of a list option is given twice: it would be run twice and shown as
+    two rows (or seeds) of one setting, or one of two values would silently win. ``text``: the
+    option as given (default: the values joined by spaces)."""
+    values = list(values)
+    repeated = next((value for number, value in enumerate(values) if value in values[:number]), None)
+    if repeated is not None:
+        shown = repr(text) if text is not None else " ".join(map(str, values))
+        raise UserError(f"{flag} {shown}: {repeated} is given twice; give each once")
+
+
 def check_output_file(path, flag: str) -> Path:
     """Refuse an output file path that cannot be written: a directory, or under a file."""
     path = Path(path)

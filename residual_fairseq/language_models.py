@@ -95,7 +95,7 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
     ``threads``: CPU threads of fairseq-eval-lm (default: the inherited environment).
     """
     from .data.binarized import check_language_model_data
-    from .evaluate import unsplittable_path
+    from .run_inputs import unsplittable_path
 
     check_eval_lm_extra_args(extra_args)
     checkpoint = Path(checkpoint)
@@ -110,7 +110,7 @@ def evaluate_lm(checkpoint, data_bin, *, subset="test", tokens_per_sample=512, c
     check_language_model_data(data_bin, [subset])
     if out_json is not None:  # checked before fairseq-eval-lm runs: never over an input
         from .argtypes import check_output_file
-        from .evaluate import data_input_files, refuse_overwriting_inputs
+        from .run_inputs import data_input_files, refuse_overwriting_inputs
 
         check_output_file(out_json, "out_json")
         refuse_overwriting_inputs([out_json], [("the checkpoint", checkpoint)] + data_input_files(data_bin, subset),

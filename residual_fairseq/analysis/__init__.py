@@ -16,7 +16,8 @@ Python API::
 The command line is :func:`main` (``residual-fairseq-analyze``).
 """
 from .cli import main  # noqa: F401
-from .data import load_task, measurement_batches, training_batches  # noqa: F401
+from ..fairseq_data import load_task  # noqa: F401
+from .data import measurement_batches, training_batches  # noqa: F401
 from .models import fresh_model, load_checkpoint  # noqa: F401
 from .probe import Measurement, StackMeasurement, StackProbe, measure  # noqa: F401
 from .report import write_figures, write_tables  # noqa: F401

@@ -9,13 +9,15 @@ import tempfile
 from pathlib import Path
 
 from ..argtypes import (MAX_SEED, check_output_dir, finite_float, int_at_least, nonnegative_float, positive_float,
-                        read_regular_file)
+                        read_regular_file, refuse_repeats)
 from ..atomic import give_default_permissions
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
+from ..fairseq_data import is_language_modeling, load_task
+from ..model_memory import check_fits_memory
 from ..runtime import add_threads_flag, add_verbose_flag, use_threads
 from ..variants import LM_VARIANTS, VARIANTS
-from .data import is_language_modeling, load_task, measurement_batches, training_batches
+from .data import measurement_batches, training_batches
 from .models import fresh_model, load_checkpoint
 from .report import TABLES, runs_from_dict, write_figures, write_tables
 from .training import TrainingSettings, build_label_smoothed_criterion, train_and_measure
@@ -88,6 +90,7 @@ def parse_checkpoints(specs):
 
 
 def check_args(args):
+    refuse_repeats(args.variants or (), "--variants")  # built and measured twice, two runs of one label
     for name in ("layers", "encoder_layers", "decoder_layers", "embed_dim", "ffn_dim", "heads",
                  "batches", "max_tokens", "measure_every", "tokens_per_sample"):
         value = getattr(args, name)
@@ -115,18 +118,8 @@ def check_args(args):
 def check_model_fits_memory(args):
     """Refuse a model whose weights, gradients and Adam state alone exceed this machine's memory."""
     embed = args.embed_dim or 512
-    ffn = args.ffn_dim or 4 * embed
-    encoder = args.encoder_layers or args.layers or 6
-    decoder = args.decoder_layers or args.layers or 6
-    parameters = encoder * (4 * embed * embed + 2 * embed * ffn) + decoder * (8 * embed * embed + 2 * embed * ffn)
-    needed = parameters * 4 * 4  # fp32 weights, gradients, two Adam moments
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if needed > memory:
-        raise UserError(f"a {encoder}+{decoder}-layer model of width {embed} needs about {needed / 2**30:.0f} GiB "
-                        f"for its weights and optimizer state; this machine has {memory / 2**30:.0f} GiB")
+    check_fits_memory(args.encoder_layers or args.layers or 6, args.decoder_layers or args.layers or 6, embed,
+                      args.ffn_dim or 4 * embed)
 
 
 # Every name write_tables and write_figures give a file: an earlier output holding only
@@ -191,6 +184,7 @@ def main(argv=None):
     check_args(args)
     check_output_dir(Path(args.out), "--out")
     if args.merge:
+        refuse_inputs_in_out(args.merge, Path(args.out))
         return merge_reports(args.merge, Path(args.out))
     if not args.data:
         raise UserError("give a data dir (or --merge earlier analysis.json files)")
@@ -255,6 +249,15 @@ def describe_loss(run) -> str:
 
 
 MAX_REPORT_BYTES = 256 << 20   # an analysis.json of many deep runs is a few MiB
+
+
+def refuse_inputs_in_out(paths, out: Path) -> None:
+    """A --merge file inside --out (or linked from there) would be replaced by the merged report."""
+    out = Path(os.path.realpath(out))
+    for path in paths:
+        if out in Path(os.path.realpath(path)).parents:
+            raise UserError(f"--merge {path} is inside --out {out}, which the merged report replaces: "
+                            "choose another --out")
 
 
 def merge_reports(paths, out: Path):

@@ -14,21 +14,15 @@ import argparse
 from pathlib import Path
 
 from ..argtypes import (MAX_SEED, check_output_file, int_at_least, is_digits, nonnegative_int, positive_float,
-                        positive_int, same_file)
+                        positive_int, refuse_repeats, same_file)
 from ..configs import MAX_LAYERS
 from ..errors import UserError, cli_main
+from ..model_memory import check_fits_memory
 from ..runtime import MAX_THREADS, add_verbose_flag
 from ..variants import LM_VARIANTS, VARIANTS, arch_name
 
 DEFAULT_SIZES = "iwslt_de_en:6,wmt_en_de:6,iwslt_de_en:12"
 DEFAULT_LM_SIZES = "gpt2_tiny:6,gpt2_tiny:24"  # used when --data is language-model data
-
-
-def refuse_repeats(values, flag: str, text: str) -> None:
-    """A value given twice would be run twice and shown as two rows of one setting."""
-    repeated = next((value for number, value in enumerate(values) if value in values[:number]), None)
-    if repeated is not None:
-        raise UserError(f"{flag} {text!r}: {repeated} is given twice; give each once")
 
 
 def parse_sizes(text, language_model=False):
@@ -58,6 +52,7 @@ def parse_sizes(text, language_model=False):
         sizes.append((preset, int(layers)))
     if not sizes:
         raise UserError("--sizes is empty")
+    refuse_repeats([f"{preset}:{layers}" for preset, layers in sizes], "--sizes", text)
     return sizes
 
 
@@ -96,6 +91,34 @@ def parse_seeds(text):
     seeds = [int(item) for item in items]
     refuse_repeats(seeds, "--seeds", text)
     return seeds
+
+
+def model_dimensions(preset: str, layers: int, language_model: bool = False):
+    """(encoder layers, decoder layers, width, FFN width) of a ``--sizes`` entry, from fairseq's
+    preset (nothing is built)."""
+    if language_model:
+        from .training import lm_preset_sizes
+
+        sizes = lm_preset_sizes(preset)
+        return 0, layers, sizes.get("decoder_embed_dim", 512), sizes.get("decoder_ffn_embed_dim", 2048)
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    args = argparse.Namespace(encoder_layers=layers, decoder_layers=layers)
+    ARCH_CONFIG_REGISTRY[arch_name("post_ln", preset)](args)
+    return (layers, layers, max(args.encoder_embed_dim, args.decoder_embed_dim),
+            max(args.encoder_ffn_embed_dim, args.decoder_ffn_embed_dim))
+
+
+def check_models_fit(models, max_tokens: int, device: str, precision: str) -> None:
+    """Refuse, before anything is built, a model (``(encoder layers, decoder layers, width, ffn)``)
+    whose training step cannot fit the device's memory (:mod:`residual_fairseq.model_memory`):
+    building it would grow until the machine runs out."""
+    from .training import resolve_device
+
+    device = resolve_device(device).type
+    tokens = max_tokens if precision == "fp32" else max_tokens // 2  # 16-bit activations take half
+    for encoder_layers, decoder_layers, width, ffn in models:
+        check_fits_memory(encoder_layers, decoder_layers, width, ffn, tokens, device)
 
 
 def check_outputs(data, json_path=None, markdown_path=None) -> None:
@@ -185,9 +208,16 @@ def main(argv=None):
     if args.command == "depth" and args.width % 4:
         raise UserError(f"--width {args.width} must be divisible by the 4 attention heads")
     # Imported after parsing, so that bad options fail before the runs set anything up.
-    from .report import depth_report, echo, environment, speed_report, write_outputs
+    from .quiet import quiet_known_noise
 
+    with quiet_known_noise(args.verbose):
+        return run_benchmark(args, argv)
+
+
+def run_benchmark(args, argv) -> int:
+    """The benchmark ``args`` ask for: run, print its table, write its files."""
     from .data import is_language_model_data
+    from .report import depth_report, echo, environment, speed_report, write_outputs
 
     started = environment(argv)  # its date is when the run began
     language_model = is_language_model_data(args.data)
@@ -199,8 +229,11 @@ def main(argv=None):
     if args.command == "speed":
         from .speed import run_speed_benchmark
 
+        sizes = parse_sizes(args.sizes, language_model)
+        check_models_fit([model_dimensions(preset, layers, language_model) for preset, layers in sizes],
+                         args.max_tokens, args.device, args.precision)
         report = run_speed_benchmark(
-            args.data, parse_sizes(args.sizes, language_model), repeats=args.repeats, warmup=args.warmup,
+            args.data, sizes, repeats=args.repeats, warmup=args.warmup,
             updates=args.updates, beam=args.beam, decode_sentences=args.decode_sentences,
             decode_batch_size=args.decode_batch_size, **common,
         )
@@ -208,8 +241,11 @@ def main(argv=None):
     else:
         from .depth import run_depth_benchmark
 
+        depths = parse_depths(args.depths)
+        check_models_fit([(0 if language_model else depth, depth, args.width, 4 * args.width) for depth in depths],
+                         args.max_tokens, args.device, args.precision)
         report = run_depth_benchmark(
-            args.data, parse_depths(args.depths), width=args.width, updates=args.updates,
+            args.data, depths, width=args.width, updates=args.updates,
             lr=args.lr, warmup_updates=args.warmup_updates, valid_batches=args.valid_batches,
             seeds=parse_seeds(args.seeds), log_interval=args.log_interval, **common,
         )

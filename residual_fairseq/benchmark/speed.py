@@ -18,9 +18,11 @@ from multiprocessing import get_context
 import torch
 
 from ..errors import UserError
+from ..fairseq_data import is_language_modeling
 from ..variants import VARIANTS
-from .data import draw_batches, first_sentences, is_language_modeling, load_task
+from .data import draw_batches, first_sentences, load_task
 from .memory import CPU_CHILD_ENV, PeakMemory
+from .quiet import hide_known_warnings
 from .training import Trainer, autocast, build_variant, check_precision, resolve_device, to_device
 
 BASELINE = "post_ln"
@@ -56,6 +58,7 @@ class Job:
 def measure(job: Job) -> dict:
     """Train on the saved batches, then beam-decode; runs inside the child process."""
     logging.getLogger().setLevel(logging.WARNING)  # importing fairseq turned on DEBUG
+    hide_known_warnings()  # a fresh (spawned) process: the parent's filters do not reach it
     torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed)
     device = torch.device(job.device)

@@ -12,8 +12,8 @@ from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
 from ..errors import UserError
+from ..fairseq_data import is_language_modeling, joined_dictionary
 from ..variants import build_language_model, build_model
-from .data import is_language_modeling, joined_dictionary
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 

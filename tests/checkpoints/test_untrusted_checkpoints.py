@@ -280,7 +280,7 @@ _tasks = {}
 
 def translate_task(data_bin):
     if data_bin not in _tasks:
-        from residual_fairseq.analysis.data import load_task
+        from residual_fairseq.fairseq_data import load_task
 
         _tasks[data_bin] = load_task(data_bin, None, None)
     return _tasks[data_bin]

@@ -318,6 +318,7 @@ def test_cli_analyses_a_trained_checkpoint(trained_tiny, tmp_path, capsys, monke
     (["--split", "nosuchsplit"], "nosuchsplit"),
     (["--variants"], "nothing to analyse"),
     (["--merge", "/nonexistent/analysis.json"], "cannot read"),
+    (["--variants", "post_ln", "post_ln"], "--variants post_ln post_ln: post_ln is given twice; give each once"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(toy_data_bin, tmp_path, capsys, bad_args, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -326,6 +327,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(toy_data_bin, tmp_path, capsys, ba
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_merge_input_inside_out_is_refused_not_replaced(tmp_path, capsys):
+    """Issue 38: what a run reads is never its output: --merge OUT/analysis.json --out OUT would
+    replace the file being merged."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "analysis.json").write_text("an earlier analysis\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--merge", str(out / "analysis.json"), "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --merge {out / 'analysis.json'} is inside --out {out}, which the merged report "
+                   "replaces: choose another --out"), err
+    assert (out / "analysis.json").read_text() == "an earlier analysis\n"
 
 
 def test_cli_refuses_a_data_dir_that_is_not_one_and_an_unrelated_out_dir(toy_data_bin, tmp_path, capsys):

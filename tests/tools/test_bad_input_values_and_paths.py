@@ -143,7 +143,7 @@ def test_failed_evaluate_rerun_keeps_the_earlier_result_and_its_files(trained_ti
     def one_sentence_only(command, output_path, threads=None, log_path=None):
         output_path.write_text("S-0\tw1\nT-0\tW1\nH-0\t-0.5\tW1\n")
 
-    monkeypatch.setattr(evaluate, "run_generate", one_sentence_only)
+    monkeypatch.setattr(evaluate.translation, "run_generate", one_sentence_only)
     with pytest.raises(residual_fairseq.errors.UserError, match="translated 1 of the 40 sentences"):
         evaluate.evaluate_run(save_dir / "checkpoint_last.pt", data_bin, out_json=out)
     assert {path: path.read_text() for path in earlier} == earlier

@@ -130,6 +130,13 @@ def test_bad_data_dir_is_a_one_line_error(tmp_path, capsys):
     (["depth", "--depths", "1,1"], "error: --depths '1,1': 1 is given twice; give each once"),
     (["speed", "--variants", "resi_dual,resi_dual"],
      "error: --variants 'resi_dual,resi_dual': resi_dual is given twice; give each once"),
+    # Issue 38: models that cannot fit grew until the machine ran out; refused before any is built.
+    (["speed", "--sizes", "vaswani_wmt_en_de_big:1000", "--device", "cpu"],
+     "error: a 1000+1000-layer model of width 1024 needs about"),
+    (["depth", "--depths", "1000", "--width", "4096", "--device", "cpu"],
+     "error: a 1000+1000-layer model of width 4096 needs about"),
+    (["speed", "--sizes", "iwslt_de_en:6,iwslt_de_en:06"],
+     "error: --sizes 'iwslt_de_en:6,iwslt_de_en:06': iwslt_de_en:6 is given twice; give each once"),
     (["speed", "--json", "{data}/dict.en.txt"], "error: --json {data}/dict.en.txt is in --data {data}: write it "
                                                   "outside the data directory"),
     (["speed", "--markdown", "{data}/../data/new.md"], "error: --markdown {data}/../data/new.md is in --data {data}"),
@@ -155,3 +162,32 @@ def test_bad_seeds_repeats_and_outputs_are_refused_before_anything_runs(tmp_path
     assert (data / "dict.en.txt").read_text() == "hello 1\n" and sorted(p.name for p in data.iterdir()) == [
         "dict.de.txt", "dict.en.txt"]
     assert not (tmp_path / "same.out").exists()
+
+
+def test_only_the_known_noise_is_kept_off_the_output(toy_data_bin, tmp_path, capsys, caplog):
+    """Issue 38: fairseq's INFO lines between the rows and two torch deprecation warnings from inside
+    fairseq were printed on every run. Exactly those are hidden (never a blanket filter)."""
+    import logging
+    import warnings
+
+    from residual_fairseq.benchmark.quiet import quiet_known_noise
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with quiet_known_noise():
+            warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+                          "`torch.amp.autocast('cuda', args...)` instead.", FutureWarning)
+            warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use same type "
+                          "for both instead.")
+            warnings.warn("`torch.cuda.amp.GradScaler(args...)` is deprecated.", FutureWarning)  # not ours
+            warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated.", RuntimeWarning)
+            logging.getLogger("fairseq.tasks.translation").info("[en] dictionary: 8 types")
+            logging.getLogger("fairseq.tasks.translation").warning("a fairseq warning")
+    assert [str(w.message) for w in shown] == ["`torch.cuda.amp.GradScaler(args...)` is deprecated.",
+                                               "Support for mismatched key_padding_mask and attn_mask is deprecated."]
+    assert logging.getLogger("fairseq").level == logging.NOTSET  # restored
+    caplog.set_level(logging.INFO)
+    main(["depth", "--data", str(toy_data_bin), "--depths", "1", "--width", "16", "--updates", "2",
+          "--warmup-updates", "1", "--valid-batches", "1", "--threads", "1", "--variants", "resi_dual"])
+    assert not [r for r in caplog.records if r.name.startswith("fairseq") and r.levelno < logging.WARNING]
+    assert "dictionary:" not in capsys.readouterr().err

@@ -220,7 +220,7 @@ def linked_checkpoints(save_dir, directory, names=("checkpoint10.pt", "checkpoin
 
 def test_result_side_files_and_default_names_do_not_collide(toy_run, toy_data_bin, tmp_path, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     ck = linked_checkpoints(save_dir, tmp_path / "ck")
     # Two checkpoints of one run, and its checkpoint_best.pt, each get their own default result.
     for checkpoint, name in ((ck / "checkpoint11.pt", "eval-test-checkpoint11.json"),
@@ -247,7 +247,7 @@ def test_result_side_files_and_default_names_do_not_collide(toy_run, toy_data_bi
 def test_averaging_writes_beside_the_result_not_into_the_checkpoint_dir(toy_run, toy_data_bin, tmp_path,
                                                                          monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     ck = linked_checkpoints(save_dir, tmp_path / "ck")
     before = sorted(p.name for p in ck.iterdir())
     ck.chmod(0o555)  # read-only (root writes anyway: the listing below is the real check)
@@ -277,7 +277,7 @@ def test_failed_generate_keeps_the_earlier_log(toy_run, toy_data_bin, tmp_path, 
     for path, text in earlier.items():
         path.write_text(text)
     # The real run_generate, running a command that logs and fails the way fairseq-generate can.
-    monkeypatch.setattr(evaluate, "generate_command",
+    monkeypatch.setattr(evaluate.translation, "generate_command",
                         lambda *args: ["sh", "-c", "echo 'some progress' >&2; echo 'ValueError: bad' >&2; exit 3"])
     with pytest.raises(evaluate.UserError) as failed:
         evaluate.evaluate_run(save_dir / "checkpoint12.pt", toy_data_bin, out_json=out)
@@ -317,9 +317,37 @@ def test_outputs_that_are_inputs_are_refused(toy_run, toy_data_bin, tmp_path, ca
     assert not list(tmp_path.rglob("*.partial-*")) and not list(tmp_path.rglob("*.averaged.pt"))
 
 
+def test_no_output_replaces_a_file_of_the_data_it_reads(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
+    """Issue 38: --out-json DATA/manifest.json (or spm.model beside OUT/bin, or a split that is
+    not the one scored) replaced it, and the next evaluate failed. What is not the data's (an
+    earlier result written there) may still be replaced by a rerun."""
+    save_dir, _ = toy_run
+    prepared = tmp_path / "prepared"
+    shutil.copytree(toy_data_bin, prepared / "bin")
+    manifest = json.dumps({"note": "prepare's manifest", "files": {"spm.model": {}, "bin/dict.src.txt": {}}})
+    files = {prepared / "manifest.json": manifest, prepared / "spm.model": "model\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    other_split = next((prepared / "bin").glob("valid.*.idx"))
+    files[other_split] = other_split.read_bytes()
+    model = save_dir / "checkpoint12.pt"
+    for out, expected in ((prepared / "manifest.json", "would overwrite a file of the prepared data"),
+                          (prepared / "spm.model", "would overwrite a file of the prepared data"),
+                          (other_split, "would overwrite the data file")):
+        line = user_error(capsys, evaluate.main, [model, prepared / "bin", "--out-json", out])
+        assert line.startswith(f"error: --out-json {out} {expected} {out}"), line
+    for path, content in files.items():
+        assert (path.read_bytes() if isinstance(content, bytes) else path.read_text()) == content
+    assert not list(tmp_path.rglob("*.partial-*"))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate([]))
+    for _ in range(2):  # a result kept beside the data is the user's, not the data's: rerunning replaces it
+        evaluate.evaluate_run(model, prepared / "bin", out_json=prepared / "bin" / "eval.json", subword="none")
+    assert json.loads((prepared / "bin" / "eval.json").read_text())["num_sentences"] == 40
+
+
 def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     lm_data = tmp_path / "lm"
     lm_data.mkdir()
     (lm_data / "dict.txt").write_text("w1 1\n")
@@ -335,6 +363,17 @@ def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, 
                                                                  "--required-batch-size-multiple")):
         line = user_error(capsys, evaluate.main, [model, toy_data_bin, f"--generate-args={extra}"])
         assert line.startswith(f"error: {flag} in --generate-args: the evaluation sets it itself"), line
+    # Issue 38: flags after which fairseq-generate prints no test translation (--score-reference
+    # scored the references as hypotheses: sacreBLEU 99.98, exit 0), and a flag given twice.
+    for extra, flag in (("--score-reference", "--score-reference"), ("--prefix-size 2", "--prefix-size"),
+                        ("--sampling --sampling-topk 5", "--sampling"), ("--sampling-topp=0.9", "--sampling-topp"),
+                        ("--retain-dropout", "--retain-dropout")):
+        line = user_error(capsys, evaluate.main, [model, toy_data_bin, f"--generate-args={extra}"])
+        assert line.startswith(f"error: {flag} in --generate-args: fairseq-generate would then print no test "
+                               "translation"), line
+    line = user_error(capsys, evaluate.main, [model, toy_data_bin, "--generate-args=--max-len-b 5 --max-len-b=9"])
+    assert line == "error: --max-len-b is given twice in --generate-args: fairseq would use the last one; give it once"
+    evaluate.check_generate_extra_args(["--print-alignment", "--nbest", "2", "--max-len-b", "9", "--temperature", "1"])
     generated = fake_generate_output(tmp_path / "gen.txt", RAW_HYPOTHESES, RAW_REFERENCES)
     line = user_error(capsys, evaluate.main, ["--from-generate-output", generated, "--subword", "sentencepiece"])
     assert line.startswith("error: --subword does not apply with --from-generate-output"), line
@@ -350,7 +389,7 @@ def test_options_that_do_not_apply_are_refused(toy_run, toy_data_bin, tmp_path, 
 
 def test_subword_method_from_the_manifest_or_refused(toy_run, toy_data_bin, tmp_path, capsys, monkeypatch):
     save_dir, _ = toy_run
-    monkeypatch.setattr(evaluate, "run_generate", fake_run_generate(calls := []))
+    monkeypatch.setattr(evaluate.translation, "run_generate", fake_run_generate(calls := []))
     model = save_dir / "checkpoint12.pt"
     prepared = tmp_path / "prepared"
     shutil.copytree(toy_data_bin, prepared / "bin")

@@ -233,9 +233,10 @@ def test_lm_configs_differ_only_in_residual_scheme(dataset):
 def test_analysis_measures_language_models(toy_lm):
     """residual-fairseq-analyze's API on LM data: one stack (the decoder), d measured for ResiDual."""
     from residual_fairseq.analysis import data, models, probe, training
+    from residual_fairseq.fairseq_data import load_task
 
     prepared, _, _ = toy_lm
-    task = data.load_task(prepared / "bin", tokens_per_sample=32)
+    task = load_task(prepared / "bin", tokens_per_sample=32)
     batches = data.measurement_batches(task, "valid", max_tokens=256, num_batches=1)
     criterion = training.build_label_smoothed_criterion(task, 0.0)
     for variant in ("post_ln", "pre_ln", "resi_dual"):
@@ -317,7 +318,8 @@ def test_reproduce_trains_and_scores_a_language_model_end_to_end(toy_lm, tmp_pat
     result = json.loads((save_dir / "result.json").read_text())
     assert result["tokens"] > 0 and result["perplexity"] > 1 and "fairseq-eval-lm" in result["command"]
     table = (out / "results-lm.md").read_text()
-    assert f"| sample-lm | resi_dual | 2 | 1 | {result['perplexity']:.2f} |" in table, table
+    # an own corpus (prepare --dataset custom-lm, in prepared/) trained with the sample-lm config: both named
+    assert f"| prepared (config sample-lm) | resi_dual | 2 | 1 | {result['perplexity']:.2f} |" in table, table
     assert "note: 1 CPU thread" in proc.stdout
 
 
@@ -356,6 +358,22 @@ def test_evaluating_a_non_language_model_is_refused_before_fairseq_runs(toy_lm, 
             evaluate_lm(model, prepared / "bin", tokens_per_sample=32, context_window=16, out_json=out_json)
     assert model.read_bytes() == (save_dir / "checkpoint_last.pt").read_bytes()
     assert "fairseq-eval-lm" not in capsys.readouterr().out
+
+
+def test_evaluating_a_language_model_on_translation_data_is_one_line(toy_lm, toy_data_bin, tmp_path, capsys):
+    """Issue 38: a language model given translation data failed inside fairseq-generate with a dump
+    of size mismatches; it is one line saying what it is and what to give instead, nothing run."""
+    from helpers import user_error
+    from residual_fairseq.evaluate import main as evaluate_main
+
+    _, save_dir, _ = toy_lm
+    checkpoint = save_dir / "checkpoint_last.pt"
+    line = user_error(capsys, evaluate_main, [checkpoint, toy_data_bin, "--subword", "none",
+                                              "--out-json", tmp_path / "r.json"])
+    assert line == (f"error: checkpoint {checkpoint} is a language model (task language_modeling), not a "
+                    "translation model: evaluate it on its language-model data (a directory with one dict.txt) "
+                    "for its perplexity"), line
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("extra", [["--gen-subset", "valid"], ["--context-window", "0"], ["--tokens-per-sample=8"],

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import CLI_ENV, REPO, run, user_error
 from residual_fairseq import reproduce
-from residual_fairseq import reproduce_report as report
+from residual_fairseq.reproduce import records as run_records, report
 from residual_fairseq.training_log import validation_curve
 
 # Seconds per run: a few updates, two validations (for a curve), short greedy decoding.
@@ -40,17 +40,17 @@ def test_how_training_ended_reads_the_last_session_of_the_log(tmp_path):
     done = "2026-01-01 00:00:09 | INFO | fairseq_cli.train | done training in 9.0 seconds\n"
     early = ("2026-01-01 00:00:08 | INFO | fairseq_cli.train | early stop since valid performance hasn't "
              "improved for last 5 runs\n")
-    assert report.how_training_ended(tmp_path / "missing.log") is None
+    assert run_records.how_training_ended(tmp_path / "missing.log") is None
     for text, expected in ((start, None), (start + done, "budget"), (start + early + done, "patience 5"),
                            (start + early + done + start, None), (start + early + done + start + done, "budget")):
         log.write_text(text)
-        assert report.how_training_ended(log) == expected, text
+        assert run_records.how_training_ended(log) == expected, text
 
 
 def test_run_records_show_every_run_as_it_stands(tmp_path):
     """runs.md/runs.json: a finished run with its best epoch and test numbers, a run in
     progress with its validations so far, a failed one with its error, one not started."""
-    finished, going, failed, waiting = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out",
+    finished, going, failed, waiting = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out",
                                                         ["post_ln", "resi_dual", "b2t", "admin"], layers=[6])
     log = ('x | INFO | valid | {"epoch": 1, "valid_loss": "6.5", "valid_num_updates": "698"}\n'
            'x | INFO | valid | {"epoch": 2, "valid_loss": "5.25", "valid_num_updates": "1396"}\n'
@@ -66,7 +66,7 @@ def test_run_records_show_every_run_as_it_stands(tmp_path):
         "checkpoint": str(finished.save_dir / "checkpoint_best.pt"), "generation": {"beam": 5},
         "sacrebleu": {"score": 19.814, "signature": "nrefs:1|tok:13a"}, "chrf": {"score": 41.29},
         "tokenized_bleu": {"score": 14.79}}))
-    records = [report.run_record(run_) for run_ in (finished, going, failed, waiting)]
+    records = [run_records.run_record(run_) for run_ in (finished, going, failed, waiting)]
     assert [record["status"] for record in records] == ["finished", "unfinished", "failed", "not started"]
     assert {key: records[0][key] for key in ("epochs", "ended_by", "best_valid_loss", "best_epoch", "test_bleu",
                                              "beam", "checkpoint")} == {
@@ -134,7 +134,7 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
     from residual_fairseq import train
     from residual_fairseq.errors import UserError
 
-    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln", "resi_dual"],
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln", "resi_dual"],
                             layers=[5], seeds=[1])
     assert [run.save_dir.parent.name for run in runs] == ["post_ln-5l", "resi_dual-5l"]
 
@@ -155,8 +155,8 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
         return result
 
     monkeypatch.setattr(train, "train", fake_train)
-    monkeypatch.setattr(reproduce, "evaluate_run", fake_evaluate)
-    monkeypatch.setattr(reproduce, "evaluation_options", lambda run: {})
+    monkeypatch.setattr(reproduce.schedule, "evaluate_run", fake_evaluate)
+    monkeypatch.setattr(reproduce.schedule, "evaluation_options", lambda run: {})
     with pytest.raises(UserError, match="1 of 2 runs failed"):
         reproduce.reproduce(runs, tmp_path / "out")
     out = capsys.readouterr().out
@@ -171,12 +171,14 @@ def test_any_depth_last_checkpoint_fallback_and_a_failed_run_in_the_table(tmp_pa
 def test_a_jobs_child_is_the_same_run(tmp_path):
     """--jobs starts this CLI once per run: its arguments must name exactly that run, with the
     same data directory (even one with '=' in its path), flags and decoding."""
+    from residual_fairseq import train
+
     data = tmp_path / "a=b" / "bin"
     [run_] = reproduce.matrix({"sample-es-en": data}, tmp_path / "out", ["b2t"], layers=[7], seeds=[3])
     command = reproduce.driver_command(run_, 1, ["--max-epoch", "2"], {"beam": 2, "generate_args": ["--max-len-b", "9"]},
                                        threads=1, verbose=False)
     assert command[1:3] == ["-m", "residual_fairseq.reproduce"]
-    ours, passthrough = reproduce.train.split_passthrough(command[3:])
+    ours, passthrough = train.split_passthrough(command[3:])
     args = reproduce.build_parser().parse_args(ours)
     assert passthrough == ["--max-epoch", "2"] and args.no_report and args.threads == 1
     assert (args.beam, args.generate_args) == (2, ["--max-len-b", "9"])
@@ -186,7 +188,7 @@ def test_a_jobs_child_is_the_same_run(tmp_path):
     # A one-word --generate-args value that starts with "-" stays the value, not a flag of its own.
     command = reproduce.driver_command(run_, 1, [], {"generate_args": ["--no-repeat-ngram-size=3"]}, threads=1,
                                        verbose=False)
-    ours, _ = reproduce.train.split_passthrough(command[3:])
+    ours, _ = train.split_passthrough(command[3:])
     assert reproduce.build_parser().parse_args(ours).generate_args == ["--no-repeat-ngram-size=3"]
 
 
@@ -196,7 +198,7 @@ def test_a_jobs_child_is_the_same_run(tmp_path):
 def test_flags_the_driver_sets_itself_are_refused_after_the_separator(tmp_path, capsys, flags):
     """A run named post_ln-3l seed 1 must be that: flags after -- that the driver sets itself
     are one line, before anything is trained or written."""
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin",
                                                "--variants", "post_ln", "--layers", "3", "--out", tmp_path / "out",
                                                "--", "--max-update", "2", *flags])
     given = flags[0].partition("=")[0]
@@ -207,12 +209,12 @@ def test_flags_the_driver_sets_itself_are_refused_after_the_separator(tmp_path, 
 def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path, capsys):
     """For language models --generate-args are fairseq-eval-lm's extra flags; --beam, a flag
     the evaluation sets itself, or flags meant for fairseq-generate too, are one line."""
-    [run_] = reproduce.matrix({"sample-lm": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], [2])
+    [run_] = reproduce.matrix({"sample-lm": tmp_path / "sample-lm" / "bin"}, tmp_path / "out", ["resi_dual"], [2])
     reproduce.evaluate_language_model(run_, {"generate_args": ["--output-word-probs"]}, dry_run=True)
     out = capsys.readouterr().out
     assert out.startswith("would evaluate: ") and out.rstrip().endswith("--output-word-probs"), out
     assert "--context-window 64 " in out  # the dataset's own settings stay
-    base = ["--dataset", "sample-lm", "--data", tmp_path / "bin", "--out", tmp_path / "out"]
+    base = ["--dataset", "sample-lm", "--data", tmp_path / "sample-lm" / "bin", "--out", tmp_path / "out"]
     assert "--beam: sample-lm is a language-model dataset, scored by perplexity" in \
         user_error(capsys, reproduce.main, base + ["--beam", "3"])
     line = user_error(capsys, reproduce.main, base + ["--generate-args=--context-window=0"])
@@ -226,10 +228,15 @@ def test_language_model_evaluation_takes_generate_args_and_refuses_beam(tmp_path
     # Translation: fairseq-generate flags the evaluation sets itself, refused before anything trains.
     for extra, flag in (("--beam 1", "--beam"), ("--gen-subset=valid", "--gen-subset"), ("--lenpen 0.6", "--lenpen"),
                         ("--results-path r", "--results-path")):
-        line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--out",
+        line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--out",
                                                    tmp_path / "out", f"--generate-args={extra}"])
         assert line == (f"error: {flag} in --generate-args: the evaluation sets it itself (reproduce offers --beam; "
                         "for other settings, evaluate a run directory with residual-fairseq-evaluate)"), line
+    # ... and those after which fairseq-generate prints no test translation (issue 38: 99.98 BLEU in the tables)
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--out",
+                                               tmp_path / "out", "--generate-args=--score-reference"])
+    assert line.startswith("error: --score-reference in --generate-args: fairseq-generate would then print no test "
+                           "translation"), line
     # -s/-t are not the evaluation's: they pick a direction of a data-bin that holds both
     from residual_fairseq.evaluate import check_generate_extra_args
 
@@ -250,7 +257,7 @@ def test_a_jobs_child_imports_this_residual_fairseq_installed_or_not(tmp_path):
               "print(subprocess.run([sys.executable, '-c', 'import residual_fairseq.reproduce as r; print(r.__file__)'], "
               "env=reproduce.driver_environment(), capture_output=True, text=True).stdout)")
     imported = subprocess.run([sys.executable, "-c", parent], env=CLI_ENV, cwd=tmp_path, capture_output=True, text=True)
-    assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce.py"), imported.stderr[-2000:]
+    assert imported.stdout.strip() == str(checkout / "residual_fairseq" / "reproduce" / "__init__.py"), imported.stderr[-2000:]
 
 
 def _finished(run_, bleu, chrf):
@@ -338,10 +345,10 @@ def test_jobs_stop_together_on_sigterm(sample_prepared, tmp_path):  # noqa: F811
 def test_a_result_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, problem):
     """A finished run's result.json feeds every table: one that evaluation did not write
     (edited, damaged) is named in one line, instead of a traceback from inside the tables."""
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
     run_.save_dir.mkdir(parents=True)
     run_.result_path.write_text(content)
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants",
                                                "post_ln", "--layers", "2", "--out", tmp_path / "out", "--report-only"],
                       only_line=True)
     assert line == (f"error: {run_.result_path} {problem}: it is not a result this tool wrote; "
@@ -349,7 +356,7 @@ def test_a_result_file_that_is_not_ours_is_one_line(tmp_path, capsys, content, p
 
 
 def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tmp_path):
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
     run_.save_dir.mkdir(parents=True)
     run_.result_path.write_text('{"sacrebleu": {"score": 1.5}, "chrf": {"score": 3}, "tokenized_bleu": 7, '
                                 '"generation": [1], "checkpoint": 5}')
@@ -372,10 +379,10 @@ def test_odd_fields_of_a_result_and_damaged_log_lines_do_not_break_the_tables(tm
 def test_a_failed_json_that_is_not_ours_is_failed_on_one_table_line(tmp_path, capsys, content, shown):
     """failed.json is read as hostile: one that is not an object with an error string reads as
     "failed" (no traceback), and its error never breaks a markdown row (newlines, '|')."""
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
     run_.save_dir.mkdir(parents=True)
     run_.failure_path.write_text(content)
-    reproduce.main(["--dataset", "sample-es-en", "--data", str(tmp_path / "bin"), "--variants", "resi_dual",
+    reproduce.main(["--dataset", "sample-es-en", "--data", str(tmp_path / "sample-es-en" / "bin"), "--variants", "resi_dual",
                     "--layers", "1", "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"])
     table = (tmp_path / "out" / "results.md").read_text().splitlines()
     rows = [line for line in table if line.startswith("| sample-es-en")]
@@ -389,7 +396,7 @@ def test_a_diverged_validation_stays_out_of_runs_json(tmp_path, capsys):
     """A nan (or inf) validation loss once went into runs.json as NaN (not JSON; --finished-runs
     refused the file) and made the best loss depend on where it fell: such validations are
     left out of the curve, a bleu out of range is None, and runs.json loads again."""
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["resi_dual"], layers=[1])
     _finished(run_, 12.5, 40.0)
     (run_.save_dir / "train.log").write_text(
         'x | INFO | valid | {"epoch": 1, "valid_loss": "nan", "valid_num_updates": "2"}\n'
@@ -397,7 +404,7 @@ def test_a_diverged_validation_stays_out_of_runs_json(tmp_path, capsys):
         'x | INFO | valid | {"epoch": 3, "valid_loss": "inf", "valid_num_updates": "6"}\n'
         'x | INFO | valid | {"epoch": 4, "valid_loss": "5.5", "valid_bleu": "2.5", "valid_num_updates": "8"}\n'
         'x | INFO | valid | {"epoch": -1, "valid_loss": "3.5", "valid_num_updates": "10"}\n')
-    argv = ["--dataset", "sample-es-en", "--data", str(tmp_path / "bin"), "--variants", "resi_dual", "--layers", "1",
+    argv = ["--dataset", "sample-es-en", "--data", str(tmp_path / "sample-es-en" / "bin"), "--variants", "resi_dual", "--layers", "1",
             "--seeds", "1", "--report-only"]
     reproduce.main(argv + ["--out", str(tmp_path / "out")])
 
@@ -414,7 +421,7 @@ def test_a_diverged_validation_stays_out_of_runs_json(tmp_path, capsys):
 
 
 def test_a_seed_fairseq_cannot_take_is_refused_at_once(tmp_path, capsys, seed="4294967296"):
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants",
                                                "resi_dual", "--layers", "1", "--seeds", seed, "--out",
                                                tmp_path / "out", "--dry-run"])
     assert "argument --seeds: must be" in line and not (tmp_path / "out").exists()
@@ -425,20 +432,20 @@ def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):
     tool's manifest.json is ignored (the config decides), a damaged one of ours is one line."""
     from residual_fairseq.errors import UserError
 
-    (tmp_path / "bin").mkdir()
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
+    (tmp_path / "sample-es-en" / "bin").mkdir(parents=True)
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln"], layers=[2])
     from_config = reproduce.evaluation_options(run_)
     manifest = {"format": 1, "dataset": "sample-es-en", "source_lang": "es", "target_lang": "en",
                 "settings": {"tokenizer": "moses"}, "subword": {"method": "spm-bpe"}, "files": {}}
     from residual_fairseq.data.pipeline import MANIFEST_FORMAT
     manifest["format"] = MANIFEST_FORMAT
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "sample-es-en" / "manifest.json").write_text(json.dumps(manifest))
     assert reproduce.evaluation_options(run_) == {**from_config, "subword": "spm-bpe", "detok_lang": "en"}
-    (tmp_path / "manifest.json").write_text('{"name": "some other tool"}')
+    (tmp_path / "sample-es-en" / "manifest.json").write_text('{"name": "some other tool"}')
     assert reproduce.evaluation_options(run_) == from_config
     for damaged, message in (("garbage", "is not a readable manifest"),
                              (json.dumps({**manifest, "subword": {"method": {"x": 1}}}), "names no subword method")):
-        (tmp_path / "manifest.json").write_text(damaged)
+        (tmp_path / "sample-es-en" / "manifest.json").write_text(damaged)
         with pytest.raises(UserError, match=message):
             reproduce.evaluation_options(run_)
 
@@ -450,7 +457,7 @@ def test_results_say_which_differences_are_beyond_seed_noise(tmp_path):
 
     bleu = {"resi_dual": [20.0, 21.0, 22.5], "post_ln": [10.0, 11.0, 12.0], "pre_ln": [19.5, 21.5, 20.0],
             "b2t": [30.0]}
-    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", list(bleu), layers=[6],
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", list(bleu), layers=[6],
                             seeds=[1, 2, 3])
     for run_ in runs:
         if run_.seed <= len(bleu[run_.variant]):
@@ -481,7 +488,7 @@ def test_seeds_that_did_not_learn_are_named_apart_from_the_means(tmp_path):
     score more (a run that became a target-side language model) is named in "did not
     learn" and left out of mean ± std and the seed-noise test."""
     bleu = {"post_ln": [16.0, 0.09, 18.0], "resi_dual": [20.0, 21.0, 22.5]}
-    runs = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, tmp_path / "out", list(bleu), layers=[6],
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", list(bleu), layers=[6],
                             seeds=[1, 2, 3])
     for run_ in runs:
         _finished(run_, bleu[run_.variant][run_.seed - 1], chrf=40.0)
@@ -541,7 +548,7 @@ def test_published_runs_tabulate_again_from_their_runs_json_alone(tmp_path):
     finished = [record for record in published if record["status"].startswith("finished")]
     assert len(finished) >= 9 and any(record["status"] == "finished, did not learn" for record in finished)
     out = tmp_path / "out"
-    runs = _matrix_of(published, out, report.read_finished_runs([PUBLISHED / "runs.json"]))
+    runs = _matrix_of(published, out, run_records.read_finished_runs([PUBLISHED / "runs.json"]))
     assert sum(run_.finished for run_ in runs) == len(finished)
     paths = report.write_reports(runs, out)
     assert paths["markdown"].read_text() == (PUBLISHED / "results.md").read_text()
@@ -557,7 +564,7 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
     run validated BLEU), a legend entry per variant rather than per run, and a loss axis fitted
     to the runs that learned, naming the plateaus it leaves above it."""
     published = json.loads((PUBLISHED / "runs.json").read_text())
-    runs = _matrix_of(published, tmp_path / "out", report.read_finished_runs([PUBLISHED / "runs.json"]))
+    runs = _matrix_of(published, tmp_path / "out", run_records.read_finished_runs([PUBLISHED / "runs.json"]))
     not_learned = report.runs_that_did_not_learn(runs)
     figure = report.curves_figure(runs, not_learned)
     panels = [axis for axis in figure.axes if axis.get_visible()]
@@ -676,21 +683,21 @@ def test_a_run_finished_elsewhere_is_not_trained_again_and_one_finished_here_win
     elsewhere.write_text(json.dumps([record, {**record, "seed": 2, "status": "unfinished"}]))
     monkeypatch.setattr(train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
     out = tmp_path / "out"
-    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "b2t", "--layers", "2",
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants", "b2t", "--layers", "2",
             "--out", out, "--finished-runs", elsewhere]
     reproduce.main([str(arg) for arg in argv])
     printed = capsys.readouterr().out
     assert "1 runs (1 finished)" in printed and f"skip sample-es-en b2t 2L seed 1: finished ({elsewhere})" in printed
     assert "| sample-es-en | b2t | 2 | 1 | 12.50 | 30.00 |" in (out / "results.md").read_text()
-    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "bin"}, out, ["b2t"], layers=[2],
-                              finished_elsewhere=report.read_finished_runs([elsewhere]))
-    assert report.run_record(run_) == record
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, out, ["b2t"], layers=[2],
+                              finished_elsewhere=run_records.read_finished_runs([elsewhere]))
+    assert run_records.run_record(run_) == record
 
     # Seed 2 was unfinished there: it is not carried over, so it would train here.
-    assert report.read_finished_runs([elsewhere]).keys() == {("sample-es-en", "b2t", 2, 1)}
+    assert run_records.read_finished_runs([elsewhere]).keys() == {("sample-es-en", "b2t", 2, 1)}
     # Evaluated here too: this --out's own result.json and log are the ones tabulated.
     _finished(run_, 14.0, chrf=33.0)
-    assert run_.finished_where == run_.result_path and report.run_metrics(run_)["test_bleu"] == 14.0
+    assert run_.finished_where == run_.result_path and run_records.run_metrics(run_)["test_bleu"] == 14.0
     assert run_.curve() == [] and run_.ended_by() is None
 
 
@@ -710,7 +717,7 @@ def test_finished_runs_given_twice_tabulates_both_files(tmp_path, monkeypatch, c
         parts += ["--finished-runs", part]
     monkeypatch.setattr(train, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
     out = tmp_path / "out"
-    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "b2t", "--layers", "2",
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants", "b2t", "--layers", "2",
             "--seeds", "1", "--seeds", "2", "--out", out, *parts]
     reproduce.main([str(arg) for arg in argv])
     assert "2 runs (2 finished)" in capsys.readouterr().out
@@ -787,7 +794,7 @@ def test_a_finished_runs_file_that_is_not_ours_is_one_line(tmp_path, capsys, con
         path.write_bytes(content)
     else:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants",
                                                "post_ln", "--layers", "6", "--out", tmp_path / "out",
                                                "--report-only", "--finished-runs", path], only_line=True)
     assert line == f"error: {path}: {problem}" + (": it is not a record residual-fairseq-reproduce wrote"
@@ -801,13 +808,13 @@ def test_a_run_finished_differently_in_two_parts_is_refused(tmp_path, capsys):
     second.write_text(json.dumps([_published_record(test_bleu=30.0)]))
     # The same run tabulated beside others may carry another status: still the same run.
     same.write_text(json.dumps([_published_record(status="finished, did not learn")]))
-    assert len(report.read_finished_runs([first, same])) == 1
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+    assert len(run_records.read_finished_runs([first, same])) == 1
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants",
                                                "post_ln", "--layers", "6", "--out", tmp_path / "out",
                                                "--report-only", "--finished-runs", first, second], only_line=True)
     assert line == (f"error: {second}: sample-es-en post_ln 6 1 finished differently in {first}: give one of the two")
     missing = tmp_path / "nowhere.json"
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin",
                                                "--out", tmp_path / "out", "--report-only", "--finished-runs",
                                                missing], only_line=True)
     assert line == f"error: --finished-runs file {missing}: No such file or directory"
@@ -817,7 +824,7 @@ def test_a_finished_runs_file_must_be_a_regular_file(tmp_path, capsys):
     """A pipe would block the driver, a device (/dev/zero) fill its memory."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants", "post_ln", "--layers", "6",
+    argv = ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants", "post_ln", "--layers", "6",
             "--out", tmp_path / "out", "--report-only", "--finished-runs"]
     for path in (fifo, Path("/dev/zero"), tmp_path):
         line = user_error(capsys, reproduce.main, argv + [path], only_line=True)
@@ -835,7 +842,7 @@ def test_the_outs_own_runs_json_is_not_taken_as_finished_runs(tmp_path, capsys):
     out.mkdir()
     shutil.copy(PUBLISHED / "runs.json", out / "runs.json")
     before = (out / "runs.json").read_bytes()
-    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "bin",
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin",
                                                "--variants", "post_ln", "--layers", "6", "--out", out, "--report-only",
                                                "--finished-runs", out / "." / "runs.json"], only_line=True)
     assert line == (f"error: --finished-runs {out}/runs.json is this --out's runs.json, which this command "
@@ -844,7 +851,7 @@ def test_the_outs_own_runs_json_is_not_taken_as_finished_runs(tmp_path, capsys):
 
     # A copy is fine, and the driver says what it leaves out.
     shutil.copy(out / "runs.json", tmp_path / "part1.json")
-    reproduce.main([str(arg) for arg in ["--dataset", "sample-es-en", "--data", tmp_path / "bin", "--variants",
+    reproduce.main([str(arg) for arg in ["--dataset", "sample-es-en", "--data", tmp_path / "sample-es-en" / "bin", "--variants",
                                          "post_ln", "--layers", "6", "--seeds", "1", "2", "--out", out,
                                          "--report-only", "--finished-runs", tmp_path / "part1.json"]])
     printed = capsys.readouterr().out
@@ -863,9 +870,75 @@ def test_a_language_model_record_goes_round_trip(tmp_path):
               "validations": [{"epoch": 1, "updates": 8, "loss": 7.5, "bleu": None}]}
     part1 = tmp_path / "part1.json"
     part1.write_text(json.dumps([record]))
-    runs = reproduce.matrix({"sample-lm": tmp_path / "bin"}, tmp_path / "out", ["resi_dual"], layers=[2],
-                            finished_elsewhere=report.read_finished_runs([part1]))
+    runs = reproduce.matrix({"sample-lm": tmp_path / "sample-lm" / "bin"}, tmp_path / "out", ["resi_dual"], layers=[2],
+                            finished_elsewhere=run_records.read_finished_runs([part1]))
     paths = report.write_reports(runs, tmp_path / "out")
     assert json.loads(paths["runs_json"].read_text()) == [record]
     assert "| sample-lm | resi_dual | 2 | 1 | 180.50 | 7.50 | 181.02 |" in paths["lm_markdown"].read_text()
-    assert len(report.read_finished_runs([part1, paths["runs_json"]])) == 1
+    assert len(run_records.read_finished_runs([part1, paths["runs_json"]])) == 1
+
+
+def test_a_value_given_twice_is_refused_not_tabulated_twice(tmp_path, capsys):
+    """Issue 38: --variants resi_dual resi_dual trained once and was tabulated as two seeds. Every
+    list option refuses a repeat (and --data naming a dataset twice, where the later one won)."""
+    (tmp_path / "runs.json").write_text("[]\n")
+    base = ["--data", tmp_path / "sample-es-en" / "bin", "--out", tmp_path / "out"]
+    cases = [
+        (["--dataset", "sample-es-en", *base, "--variants", "resi_dual", "resi_dual"],
+         "error: --variants resi_dual resi_dual: resi_dual is given twice; give each once"),
+        (["--dataset", "sample-es-en", *base, "--layers", "2", "--layers", "02"],
+         "error: --layers 2 2: 2 is given twice; give each once"),
+        (["--dataset", "sample-es-en", *base, "--seeds", "1", "3", "1"],
+         "error: --seeds 1 3 1: 1 is given twice; give each once"),
+        (["--dataset", "sample-es-en", "sample-es-en", *base],
+         "error: --dataset sample-es-en sample-es-en: sample-es-en is given twice; give each once"),
+        (["--dataset", "sample-es-en", "--data", "sample-es-en=a", "sample-es-en=b", "--out", tmp_path / "out"],
+         "error: --data names sample-es-en twice (a, b): give each dataset one data directory"),
+        (["--dataset", "sample-es-en", *base, "--finished-runs", tmp_path / "runs.json", tmp_path / "." / "runs.json"],
+         f"error: --finished-runs {tmp_path / 'runs.json'} is given twice (as {tmp_path / 'runs.json'}): "
+         "give each file once"),
+    ]
+    for argv, expected in cases:
+        assert user_error(capsys, reproduce.main, argv) == expected
+    assert not (tmp_path / "out").exists()
+
+
+def test_tables_and_plots_name_the_data_and_the_config_apart(tmp_path):
+    """Issue 38: --dataset sample-es-en --data YOUR_CORPUS/bin titled the plots and filled the tables'
+    dataset column with the config's name. The data is named (its directory, or the dataset
+    prepare's manifest names), the config beside it; runs.json keeps the config as "dataset"."""
+    runs = reproduce.matrix({"sample-es-en": tmp_path / "YOUR_CORPUS" / "bin"}, tmp_path / "out", ["post_ln"],
+                            layers=[2], seeds=[1, 2])
+    for run_, bleu in zip(runs, (10.0, 12.0)):
+        _finished(run_, bleu, 40.0)
+        (run_.save_dir / "train.log").write_text(
+            'x | INFO | valid | {"epoch": 1, "valid_loss": "5.0", "valid_num_updates": "10"}\n')
+    paths = report.write_reports(runs, tmp_path / "out")
+    assert "| YOUR_CORPUS (config sample-es-en) | post_ln | 2 | 1 2 | 11.00 ± 1.41 |" in paths["markdown"].read_text()
+    assert "\nYOUR_CORPUS (config sample-es-en),post_ln,2," in paths["csv"].read_text()
+    assert "| YOUR_CORPUS (config sample-es-en) | post_ln | 2 | 1 | finished |" in paths["runs_markdown"].read_text()
+    records = json.loads(paths["runs_json"].read_text())
+    assert [(r["dataset"], r["data"]) for r in records] == [("sample-es-en", "YOUR_CORPUS")] * 2
+    assert run_records.read_finished_runs([paths["runs_json"]])  # still a runs.json --finished-runs reads
+    titles = [axis.get_title() for axis in report.curves_figure(runs).axes if axis.get_visible()]
+    assert titles == ["YOUR_CORPUS (config sample-es-en), 2 layers: valid loss"], titles
+    # The config's own data (prepare's manifest names it) keeps the plain name.
+    [run_] = reproduce.matrix({"sample-es-en": tmp_path / "sample-es-en" / "bin"}, tmp_path / "out", ["post_ln"],
+                              layers=[2])
+    assert run_records.run_label(run_) == "sample-es-en"
+
+
+def test_reports_never_replace_a_file_the_run_reads(tmp_path, capsys):
+    """Issue 38: what a run reads is never an output. A table, record or plot that --out would write
+    over a file of the data (or of prepare's output around it) is refused before anything runs."""
+    data = tmp_path / "corpus" / "bin"
+    data.mkdir(parents=True)
+    (data / "dict.es.txt").write_text("a 1\n")
+    (tmp_path / "corpus" / "manifest.json").write_text('{"files": {"results.md": {}}}\n')  # prepare's, listing it
+    (tmp_path / "corpus" / "results.md").write_text("the corpus' results.md\n")
+    line = user_error(capsys, reproduce.main, ["--dataset", "sample-es-en", "--data", data, "--out", tmp_path / "corpus",
+                                               "--variants", "post_ln", "--layers", "2", "--dry-run"])
+    assert line == (f"error: --out {tmp_path / 'corpus'}: its results.md would overwrite a file of the prepared data "
+                    f"{tmp_path / 'corpus' / 'results.md'}: choose another --out"), line
+    assert (tmp_path / "corpus" / "results.md").read_text() == "the corpus' results.md\n"
+    assert not (tmp_path / "corpus" / "runs").exists()
