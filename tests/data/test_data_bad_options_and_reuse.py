@@ -378,7 +378,7 @@ def _repack(archive, suffix, how):
 @pytest.mark.parametrize("suffix,how", [(".tgz", "truncated"), (".tgz", "corrupt"), (".tar.xz", "truncated"),
                                         (".tar.xz", "corrupt"), (".zip", "corrupt")])
 def test_a_damaged_archive_is_one_line_naming_the_file(tmp_path, capsys, suffix, how):
-    from test_data_builders import build_iwslt_archive
+    from helpers.data_builders import build_iwslt_archive
 
     damaged = _repack(build_iwslt_archive(tmp_path / "de-en.tgz"), suffix, how)
     line = cli_error(capsys, ["--dataset", "iwslt14-de-en", "--from-archive", damaged, "--out", tmp_path / "out",
@@ -447,7 +447,7 @@ def test_the_same_file_given_twice_is_refused(tmp_path, capsys, case):
 
 
 def test_a_repeated_archive_or_opus_pair_is_refused(tmp_path, capsys):
-    from test_data_builders import build_iwslt_archive
+    from helpers.data_builders import build_iwslt_archive
 
     archive = build_iwslt_archive(tmp_path / "de-en.tgz")
     line = cli_error(capsys, ["--dataset", "iwslt14-de-en", "--from-archive", archive, archive,

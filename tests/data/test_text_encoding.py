@@ -8,7 +8,7 @@ from residual_fairseq.argtypes import decode_user_text
 from residual_fairseq.data import PrepareOptions, prepare
 from residual_fairseq.data.textio import read_lines
 from residual_fairseq.errors import UserError
-from test_data_builders import numbered_pair
+from helpers.data_builders import numbered_pair
 
 LINES = ["Grüße aus Köln", "", "zweite Zeile ñ", "中文的句子"]
 CJK_ONLY = ["中文的句子", "日本語の文"]  # no ASCII: UTF-16 without a single NUL byte besides the line ends
