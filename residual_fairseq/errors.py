@@ -3,12 +3,23 @@
 Every command of the project turns a :class:`UserError` into one line on stderr,
 ``error: <message>``, and exit status 2: no traceback wall for bad input. So is an
 ``OSError`` (a full disk, a read-only directory: ``error: <reason>: <file>``); a closed
-pipe on stdout (``| head``) ends the command quietly with status 141, as in Unix tools. It also
-keeps DEBUG log lines off the terminal unless ``--verbose`` is on the command line
-(:func:`residual_fairseq.runtime.configure_logging`).
+pipe on stdout (``| head``) ends the command quietly with status 141, as in Unix tools.
+Ctrl-C is ``error: interrupted`` and exit status 130, while the command starts
+(:func:`interrupted_while_starting`, installed by :mod:`residual_fairseq.fairseq_patches`
+before fairseq is imported) and while it runs. The wrapper also keeps DEBUG log lines
+off the terminal unless ``--verbose`` is on the command line (:func:`configure_logging`).
+
+Only the standard library is imported here: every other module may import this one.
 """
 import functools
+import logging
+import os
+import signal
 import sys
+
+INTERRUPTED_EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+# Third-party loggers that talk at DEBUG/INFO about their own internals.
+NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "h5py", "numexpr")
 
 
 class UserError(Exception):
@@ -20,13 +31,30 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def interrupted_while_starting(signum, frame):
+    """SIGINT handler while a command starts (imports fairseq) or ends: one line, exit 130, now."""
+    os.write(2, b"error: interrupted\n")
+    os._exit(INTERRUPTED_EXIT_STATUS)
+
+
+def catch_interrupts() -> None:
+    """Ctrl-C raises KeyboardInterrupt again (undoes the start-up handler, :func:`interrupted_while_starting`)."""
+    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Root logger at INFO (DEBUG with ``verbose``); chatty libraries at WARNING unless verbose."""
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
 def cli_main(main):
     """Decorate a ``main(argv=None)`` so that user errors end it cleanly."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
-        from .runtime import catch_interrupts, configure_logging
-
         catch_interrupts()
         words = sys.argv[1:] if argv is None else [str(word) for word in argv]
         configure_logging(verbose="--verbose" in words[:words.index("--")] if "--" in words else "--verbose" in words)
@@ -37,12 +65,10 @@ def cli_main(main):
             sys.exit(2)
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
-            sys.exit(130)
+            sys.exit(INTERRUPTED_EXIT_STATUS)
         except BrokenPipeError:
             # The reader of our output went away (`... | head`): stop quietly, as Unix tools do.
             # stdout is pointed at /dev/null so that Python's final flush does not fail again.
-            import os
-
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(141)
         except OSError as err:

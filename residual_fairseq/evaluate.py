@@ -51,7 +51,7 @@ from .passthrough import refuse_flags
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
 )
-from .safe_checkpoints import verify_checkpoint_file
+from .checkpoints import verify_checkpoint_file
 from .scoring import score_translations
 from .train import die_with_the_driver
 

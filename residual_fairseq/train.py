@@ -48,7 +48,7 @@ from .passthrough import refuse_flags
 from .runtime import (
     add_threads_flag, add_verbose_flag, fairseq_executable, resolve_threads, thread_environment, threads_note,
 )
-from .safe_checkpoints import read_checkpoint, repair_last_checkpoint
+from .checkpoints import read_checkpoint, repair_last_checkpoint
 from .variants import VARIANTS, needs_profile
 
 LOG_NAME = "train.log"
@@ -663,7 +663,7 @@ def resume_point(save_dir) -> Optional[tuple]:
 
     fairseq resumes from ``SAVE_DIR/checkpoint_last.pt`` only. A truncated one is
     replaced by the newest valid checkpoint fairseq wrote for the run
-    (:func:`~residual_fairseq.safe_checkpoints.repair_last_checkpoint`: never averaged
+    (:func:`~residual_fairseq.checkpoints.repair_last_checkpoint`: never averaged
     checkpoints or other files); any other problem is a one-line error.
     """
     last = Path(save_dir) / "checkpoint_last.pt"

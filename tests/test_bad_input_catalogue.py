@@ -264,7 +264,7 @@ def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
     fairseq (a refused checkpoint) one line; other errors and other programs keep Python's hook."""
     import sys
 
-    from residual_fairseq import runtime
+    from residual_fairseq import fairseq_patches
     from residual_fairseq.errors import UserError
 
     seen = []
@@ -274,12 +274,12 @@ def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(sys, "excepthook", python_hook)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/python3", "script.py"])
-    runtime.report_user_errors_in_fairseq_commands()
+    fairseq_patches.report_user_errors_in_fairseq_commands()
     assert sys.excepthook is python_hook  # not a fairseq command: untouched
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate", "data-bin"])
-    runtime.report_user_errors_in_fairseq_commands()
-    runtime.report_user_errors_in_fairseq_commands()  # a second import does not stack hooks
+    fairseq_patches.report_user_errors_in_fairseq_commands()
+    fairseq_patches.report_user_errors_in_fairseq_commands()  # a second import does not stack hooks
     sys.excepthook(UserError, UserError("checkpoint x.pt is truncated"), None)
     assert capsys.readouterr().err == "error: checkpoint x.pt is truncated\n" and seen == []
     sys.excepthook(ValueError, ValueError("a bug"), None)

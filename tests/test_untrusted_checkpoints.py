@@ -27,8 +27,8 @@ import torch
 import residual_fairseq
 from fairseq import checkpoint_utils, options, utils
 from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run, user_error
-from residual_fairseq import analysis, average_checkpoints, evaluate, finetune, safe_checkpoints, train, translate
-from residual_fairseq.config_strings import EVALUATED_FIELDS, CodeInConfigError, literal_value
+from residual_fairseq import analysis, average_checkpoints, checkpoints, evaluate, fairseq_patches, finetune, train, translate
+from residual_fairseq.checkpoints import EVALUATED_FIELDS, CodeInConfigError, literal_value
 from residual_fairseq.errors import UserError
 from residual_fairseq.models import ResiDualModel
 
@@ -255,7 +255,7 @@ def test_every_project_loader_refuses_in_one_line(case, catalogue, real, toy_dat
     path, expected = catalogue[case]
     api_messages = set()
     for loader in (lambda: translate.load_translator(path, toy_data_bin),
-                   lambda: safe_checkpoints.read_checkpoint(path),
+                   lambda: checkpoints.read_checkpoint(path),
                    lambda: average_checkpoints.average_checkpoints([str(real), str(path)]),
                    lambda: finetune.embedding_rows(path),
                    lambda: analysis.load_checkpoint(path, translate_task(toy_data_bin))):
@@ -292,7 +292,7 @@ def test_hub_from_pretrained_refuses(case, catalogue, toy_data_bin, marker):
 
     path, expected = catalogue[case]
     for model_class in (ResiDualModel, TransformerModel):
-        with pytest.raises(safe_checkpoints.CheckpointError, match=expected):
+        with pytest.raises(checkpoints.CheckpointError, match=expected):
             model_class.from_pretrained(str(path.parent), checkpoint_file=path.name,
                                         data_name_or_path=str(toy_data_bin))
     assert not marker.exists()
@@ -310,7 +310,7 @@ def test_a_colon_in_a_path_names_one_file(catalogue, real, toy_data_bin, one_lin
     with evaluate.unsplittable_path(colon) as name:
         assert ":" not in str(name) and Path(name).resolve() == colon.resolve()
     # hub from_pretrained keeps fairseq's ensemble syntax, and every member is checked
-    with pytest.raises(safe_checkpoints.CheckpointError, match="adaptive_softmax_cutoff"):
+    with pytest.raises(checkpoints.CheckpointError, match="adaptive_softmax_cutoff"):
         ResiDualModel.from_pretrained(str(tmp_path), checkpoint_file="a:b.pt", data_name_or_path=str(toy_data_bin))
     assert not marker.exists()
 
@@ -339,7 +339,7 @@ def test_fairseq_clis_with_the_plugin_refuse(catalogue, real, toy_data_bin, mark
     for name, process in processes.items():
         out, err = process.communicate("w1 w2\n", timeout=300)
         assert process.returncode == 1, name  # fairseq's CLI owns its exit status
-        # One line, not a traceback through fairseq (runtime.report_user_errors_in_fairseq_commands).
+        # One line, not a traceback through fairseq (fairseq_patches.report_user_errors_in_fairseq_commands).
         assert re.search(r"^error: .*" + expected[name] + ".*\\Z", err.strip(), re.M), (name, err[-2000:])
         assert "Traceback" not in err, (name, err[-2000:])
         assert not re.search(r"^[HS]-\d", out, re.M), name
@@ -358,7 +358,7 @@ def test_the_eval_calls_of_fairseq_take_literals_only(catalogue, toy_data_bin, m
         with pytest.raises(CodeInConfigError):
             evaluate_string()
     for name in ("cfg_adaptive_softmax_cutoff", "args_fconv_decoder_layers", "cfg_lstm_decoder_attention"):
-        state = safe_checkpoints._fairseq_load_checkpoint_to_cpu(str(catalogue[name][0]),
+        state = fairseq_patches._fairseq_load_checkpoint_to_cpu(str(catalogue[name][0]),
                                                                  arg_overrides={"data": str(toy_data_bin)})
         with pytest.raises(CodeInConfigError):
             checkpoint_utils.load_model_ensemble_and_task([str(catalogue[name][0])], state=state)
@@ -396,7 +396,7 @@ def test_legitimate_checkpoints_load_in_both_layouts(real, tmp_path, toy_data_bi
         assert isinstance(translator.translate("w1 w2", beam=1, max_len_b=3), str)
     averaged = tmp_path / "avg.pt"
     average_checkpoints.main(["--inputs", str(real), str(real), "--output", str(averaged)])
-    assert safe_checkpoints.read_checkpoint(averaged)["model"].keys() == good["model"].keys()
+    assert checkpoints.read_checkpoint(averaged)["model"].keys() == good["model"].keys()
 
 
 
@@ -424,7 +424,7 @@ def test_a_config_asking_for_more_than_its_weights_is_refused_before_building(
                    lambda: analysis.load_checkpoint(path, translate_task(toy_data_bin)),
                    lambda: ResiDualModel.from_pretrained(str(tmp_path), checkpoint_file="bomb.pt",
                                                          data_name_or_path=str(toy_data_bin))):
-        with pytest.raises(safe_checkpoints.CheckpointError, match=refusal):
+        with pytest.raises(checkpoints.CheckpointError, match=refusal):
             loader()
 
 
@@ -452,11 +452,11 @@ def test_the_config_size_check_passes_fairseqs_own_architectures(arch, sizes):
     ARCH_CONFIG_REGISTRY[arch](args)
     model = models.build_model(argparse.Namespace(**vars(args)),
                                argparse.Namespace(source_dictionary=vocabulary, target_dictionary=vocabulary))
-    safe_checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
+    checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
     # ... while a config asking for more still fails, for these architectures too
-    with pytest.raises(safe_checkpoints.CheckpointError, match="its config"):
+    with pytest.raises(checkpoints.CheckpointError, match="its config"):
         bigger = dict(vars(args), decoder_embed_dim=64, decoder_out_embed_dim=64)
-        safe_checkpoints.check_config_fits_weights({"args": argparse.Namespace(**bigger),
+        checkpoints.check_config_fits_weights({"args": argparse.Namespace(**bigger),
                                                     "model": model.state_dict()}, arch)
 
 def test_a_checkpoint_never_opens_the_files_its_initialisation_read(real, toy_data_bin, tmp_path):
@@ -616,8 +616,8 @@ def test_a_checkpoint_that_is_no_regular_file_is_refused_without_reading(kind, t
         path = Path("/dev/zero")
     else:
         path.symlink_to("/dev/zero")
-    for check in (safe_checkpoints.read_checkpoint, safe_checkpoints.is_intact):
-        with pytest.raises(safe_checkpoints.CheckpointError, match="is not a regular file"):
+    for check in (checkpoints.read_checkpoint, checkpoints.is_intact):
+        with pytest.raises(checkpoints.CheckpointError, match="is not a regular file"):
             check(path)
     line = user_error(capsys, translate.main, [path, "--data", toy_data_bin, "--input", one_line], only_line=True)
     assert line == f"error: checkpoint {path} is not a regular file"
@@ -636,7 +636,7 @@ def test_a_stored_replace_unk_file_is_never_opened(real, tmp_path):
     args["args"].replace_unk = str(pipe)
     for name, state in (("cfg", good), ("args", args)):
         torch.save(state, tmp_path / f"{name}.pt")
-        loaded = safe_checkpoints.load_checkpoint_to_cpu(str(tmp_path / f"{name}.pt"))
+        loaded = checkpoints.load_checkpoint_to_cpu(str(tmp_path / f"{name}.pt"))
         stored = loaded["cfg"]["generation"]["replace_unk"] if name == "cfg" else loaded["args"].replace_unk
         assert stored is None
 

@@ -37,7 +37,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
-from ..config_strings import CodeInConfigError, literal_value
+from ..checkpoints import CodeInConfigError, literal_value
 from .resi_dual import ResiDualConfig, ResiDualDecoder
 from .resi_dual import _positive
 from .resi_dual import validate as validate_resi_dual
