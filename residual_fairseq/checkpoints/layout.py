@@ -3,8 +3,8 @@
 A dict with known entries, ``model`` a dict of tensors, ``args`` an
 ``argparse.Namespace`` or ``cfg`` a dict, plain values only, no omegaconf ``${...}``
 interpolations; subword-encoder options name no URL and no device; the string options
-that fairseq evaluates parse as literals (:mod:`.config_strings`); and the
-architecture is registered. Also the readers of a verified state's architecture and task.
+that fairseq evaluates parse as literals (:mod:`.config_strings`); the architecture is
+registered; and the values have the types fairseq's config dataclasses declare (:mod:`.types`). Also the readers of a verified state's architecture and task.
 """
 import argparse
 import os
@@ -15,6 +15,7 @@ import torch
 from .config_strings import CodeInConfigError, check_config_strings
 from .errors import CheckpointError
 from .options import config_option
+from .types import check_config_types
 
 # Checkpoint entries fairseq writes (trainer.state_dict) or upgrades from old formats.
 FAIRSEQ_ENTRIES = frozenset({
@@ -156,6 +157,7 @@ def check_fairseq_layout(state, path) -> None:
             f"checkpoint {path} was trained with architecture {arch!r}, which is not registered: "
             "load the plugin that defines it (fairseq: --user-dir)"
         )
+    check_config_types(state, path, arch)
 
 
 def checkpoint_architecture(state):
