@@ -30,6 +30,7 @@ from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run, user_e
 from residual_fairseq import analysis, average_checkpoints, checkpoints, evaluate, fairseq_patches, finetune, train, translate
 from residual_fairseq.checkpoints import EVALUATED_FIELDS, CodeInConfigError, literal_value
 from residual_fairseq.errors import UserError
+from residual_fairseq.checkpoints.types import check_config_types
 from residual_fairseq.models import ResiDualModel
 
 
@@ -164,6 +165,16 @@ def catalogue(real, marker, tmp_path_factory):
         no_embeddings["model"].pop(name, None)
     save("no_token_embeddings", no_embeddings, "holds no decoder.embed_tokens.weight")
 
+    # config values of another type than fairseq's config dataclasses declare: fairseq took them
+    # (a TypeError while decoding, fairseq-generate aborting with -6)
+    save("cfg_model_dropout_a_string", with_model_options(good, dropout="abc"),
+         re.escape("stores cfg.model.dropout = 'abc', not a number"))
+    save("args_dropout_a_string", with_model_options(args_layout(good), dropout="abc"),
+         re.escape("stores args.dropout = 'abc', not a number"))
+    wrong_section = copy.deepcopy(good)
+    wrong_section["cfg"]["criterion"]["label_smoothing"] = "0.1"
+    save("cfg_criterion_a_string", wrong_section, re.escape("stores cfg.criterion.label_smoothing = '0.1', not a number"))
+
     # pickle payloads
     reduce_payload = copy.deepcopy(good)
     reduce_payload["extra_state"]["metrics"] = RunsCodeWhenUnpickled(marker)
@@ -198,6 +209,12 @@ def catalogue(real, marker, tmp_path_factory):
         name.replace("/data/0", "/data/../../0"), data)), "unexpected record name")
     write("storage_record_short", rewrite_zip(small_bytes, lambda name, data: (
         name, data[:4] if name.endswith("/data/0") else data)), "declares 16 bytes but its record holds 4")
+
+    # a record that the zip's directory declares longer than the file holds
+    data = bytearray(real.read_bytes())
+    entry = data.rindex(b"PK\x01\x02")  # the last entry of the zip's central directory
+    data[entry + 20:entry + 28] = (2 ** 31).to_bytes(4, "little") * 2  # compressed and uncompressed size
+    write("record_past_the_end", bytes(data), "ends past the end of the file")
 
     # declared-size bombs
     save("bomb_stride_zero", {**good, "model": {"w": torch.zeros(1).expand(10**7, 10**6)}},
@@ -246,6 +263,7 @@ CASES = [
     "pickle_legacy_format", "zip_not_torch", "truncated", "empty_dict", "a_list", "no_model", "model_a_list",
     "unexpected_entry", "cfg_a_string", "args_a_dict", "cfg_model_a_list", "storage_key_dotdot",
     "record_name_dotdot", "storage_record_short", "bomb_stride_zero", "bomb_many_views",
+    "cfg_model_dropout_a_string", "args_dropout_a_string", "cfg_criterion_a_string", "record_past_the_end",
 ]
 
 
@@ -453,6 +471,7 @@ def test_the_config_size_check_passes_fairseqs_own_architectures(arch, sizes):
     model = models.build_model(argparse.Namespace(**vars(args)),
                                argparse.Namespace(source_dictionary=vocabulary, target_dictionary=vocabulary))
     checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
+    check_config_types({"args": args}, arch, arch)  # fairseq's own values have their declared types
     # ... while a config asking for more still fails, for these architectures too
     with pytest.raises(checkpoints.CheckpointError, match="its config"):
         bigger = dict(vars(args), decoder_embed_dim=64, decoder_out_embed_dim=64)
@@ -670,3 +689,66 @@ def test_a_model_archive_is_unpacked_safely_and_kept(real, toy_data_bin, tmp_pat
     hub = ResiDualModel.from_pretrained(str(good), checkpoint_file="model.pt", source_lang=source_lang,
                                         target_lang=target_lang)
     assert hub.models and good.read_bytes() == good_bytes
+
+
+@pytest.mark.parametrize("layout", ["cfg", "args"])
+@pytest.mark.parametrize("option, value, expected", [
+    ("dropout", "abc", "not a number"), ("encoder_layers", 2.5, "not an integer"),
+    ("share_all_embeddings", "yes", "not True or False"), ("encoder_layers", True, "not an integer"),
+    ("lr", ["abc"], "not a list of numbers"), ("activation_fn", 7, "not a string"),
+])
+def test_a_config_value_of_another_type_than_fairseqs_is_refused_naming_it(layout, option, value, expected, real,
+                                                                          tmp_path):
+    good = torch.load(real, weights_only=True)
+    where = "args" if layout == "args" else "cfg.model"
+    torch.save(with_model_options(good if layout == "cfg" else args_layout(good), **{option: value}),
+               tmp_path / "typed.pt")
+    with pytest.raises(checkpoints.CheckpointError, match=re.escape(f"stores {where}.{option} = {value!r}, {expected}")):
+        checkpoints.read_checkpoint(tmp_path / "typed.pt")
+    # What fairseq's own checkpoints hold passes: an int for a float, "True" for a bool (older fairseq).
+    fine = with_model_options(good, dropout=0, share_all_embeddings="True", lr=[1])
+    fine["cfg"]["task"]["max_source_positions"] = 64
+    torch.save(fine if layout == "cfg" else args_layout(fine), tmp_path / "fine.pt")
+    checkpoints.read_checkpoint(tmp_path / "fine.pt")
+
+
+def test_the_checks_never_hold_the_whole_file_in_memory(real, tmp_path):
+    """The zip's directory, the records' headers and the pickle are read, not the weights:
+    Python holds far less than the file while checking and loading a 32 MB checkpoint (the
+    whole-file read held twice its size)."""
+    import tracemalloc
+
+    state = torch.load(real, weights_only=True)
+    state["model"]["encoder.extra"] = torch.randn(8 * 2 ** 20)
+    torch.save(state, tmp_path / "big.pt")
+    tracemalloc.start()
+    try:
+        checkpoints.load_checkpoint_to_cpu(str(tmp_path / "big.pt"))
+        checkpoints.read_checkpoint(tmp_path / "big.pt")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (tmp_path / "big.pt").stat().st_size / 8, peak
+
+
+def test_what_was_checked_is_what_is_loaded_even_if_the_file_changes(real, tmp_path, monkeypatch):
+    """The file is opened once and read in parts: a pickle rewritten in place between the
+    check and the load is not what torch unpickles (it gets the bytes that were checked)."""
+    from residual_fairseq.checkpoints import read as read_module
+
+    stored = torch.load(real, weights_only=True)
+    checked, swapped = tmp_path / "checked.pt", tmp_path / "swapped.pt"
+    torch.save(with_model_options(stored, dropout=0.125), checked)
+    torch.save(with_model_options(stored, dropout=0.25), swapped)  # the same length: one float differs
+    assert checked.stat().st_size == swapped.stat().st_size
+    real_load = torch.load
+
+    def load_after_a_swap(handle, *args, **kwargs):
+        with open(checked, "r+b") as rewrite:  # the same inode, rewritten in place
+            rewrite.write(swapped.read_bytes())
+        return real_load(handle, *args, **kwargs)
+
+    monkeypatch.setattr(read_module.torch, "load", load_after_a_swap)
+    state = checkpoints.read_checkpoint(checked)
+    assert checked.read_bytes() == swapped.read_bytes()
+    assert state["cfg"]["model"].dropout == 0.125

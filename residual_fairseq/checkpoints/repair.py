@@ -1,12 +1,13 @@
 """Repair of a ``checkpoint_last.pt`` truncated by a crash, from the checkpoints fairseq wrote for the run."""
 import re
+import shutil
 from pathlib import Path
 
 from ..atomic import atomic_output
 from ..errors import UserError
-from .archive import is_intact, read_file_once
+from .archive import is_intact, starts_like_a_zip
 from .errors import CheckpointError
-from .read import read_verified
+from .read import open_verified
 
 # Files fairseq itself writes into a save dir for a run (checkpoint_utils.save_checkpoint).
 RUN_CHECKPOINT = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+)\.pt")
@@ -30,17 +31,17 @@ def repair_last_checkpoint(save_dir):
     """
     save_dir = Path(save_dir)
     last = save_dir / "checkpoint_last.pt"
-    if not last.exists() or is_intact(last) or read_file_once(last)[:4] != b"PK\x03\x04":
+    if not last.exists() or is_intact(last) or not starts_like_a_zip(last):
         return None  # intact, or not a cut-off zip at all (that is no crash of fairseq's: an error on load)
     candidates = sorted((p for p in run_checkpoints(save_dir) if p != last), key=lambda p: p.stat().st_mtime,
                         reverse=True)
     for candidate in candidates:
         try:
-            data, _state = read_verified(candidate)
+            with open_verified(candidate) as (verified, _state):
+                with atomic_output(last) as staging, open(staging, "wb") as copy:
+                    shutil.copyfileobj(verified.replay(), copy, 1 << 20)  # the verified bytes
         except UserError:  # an unusable candidate is skipped
             continue
-        with atomic_output(last) as staging:
-            Path(staging).write_bytes(data)
         return candidate
     raise CheckpointError(
         f"{last} is truncated and {save_dir} holds no intact checkpoint of the run to resume from; "
