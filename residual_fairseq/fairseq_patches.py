@@ -7,12 +7,10 @@ it closes a hole or turns a traceback into one line.
 """
 import atexit
 import contextlib
-import logging
 import os
-import signal
 import sys
 
-from .errors import UserError, interrupted_while_starting
+from .errors import UserError, quiet_interrupts
 
 _fairseq_load_checkpoint_to_cpu = None  # fairseq's own loader, before the guard replaced it
 
@@ -20,9 +18,10 @@ _fairseq_load_checkpoint_to_cpu = None  # fairseq's own loader, before the guard
 def install() -> None:
     """Make every global change importing the plugin makes; safe to call again. In order:
 
-    1. Ctrl-C while a ``residual-fairseq-*`` command (or ``python scripts/X.py``) starts is
-       ``error: interrupted``, exit 130: importing fairseq takes seconds before the
-       command's ``cli_main`` can catch it (:func:`exit_quietly_on_interrupt_while_starting`).
+    1. Ctrl-C while a ``residual-fairseq-*`` command (``python scripts/X.py``,
+       ``python -m residual_fairseq...``) starts is ``error: interrupted``, exit 130:
+       importing fairseq takes seconds before the command's ``cli_main`` can catch it
+       (:func:`exit_quietly_on_interrupt_while_starting`; first, before any other import).
     2. In fairseq's own console scripts (fairseq-generate, -train...), a UserError that
        escapes them (a refused checkpoint) is one ``error:`` line, not a traceback through
        fairseq (:func:`report_user_errors_in_fairseq_commands`).
@@ -55,6 +54,8 @@ def install() -> None:
     caller (:mod:`residual_fairseq.checkpoints.sizes`: saves 2-3 s of torch._dynamo import).
     """
     exit_quietly_on_interrupt_while_starting()
+    import logging
+
     root_level = logging.getLogger().level
     report_user_errors_in_fairseq_commands()
     destroy_process_group_at_exit()
@@ -76,29 +77,33 @@ def install() -> None:
 # --- 1. Ctrl-C while starting -------------------------------------------------------------------
 
 
-def _is_project_command(program: str) -> bool:
-    """A ``residual-fairseq-*`` console script, or ``python scripts/X.py`` of a source checkout."""
+def _is_project_command(argv, orig_argv=()) -> bool:
+    """A ``residual-fairseq-*`` console script, ``python scripts/X.py`` of a source checkout,
+    or ``python -m residual_fairseq...`` (while ``-m`` imports the package, ``argv[0]`` is
+    "-m" and only the original command line names the module)."""
+    program = argv[0] if argv else ""
     if os.path.basename(program).startswith("residual-fairseq-"):
         return True
+    if program == "-m":
+        module = next((orig_argv[i + 1] for i, word in enumerate(orig_argv[:-1]) if word == "-m"), "")
+        return module.split(".")[0] == "residual_fairseq"
     checkout_scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "scripts")
     return program.endswith(".py") and os.path.dirname(os.path.realpath(program)) == checkout_scripts
 
 
 def exit_quietly_on_interrupt_while_starting() -> None:
-    """In a ``residual-fairseq-*`` command (or ``python scripts/X.py``), make Ctrl-C during
-    start-up one line and exit 130.
+    """In a project command (:func:`_is_project_command`), make Ctrl-C during start-up one
+    line and exit 130.
 
     Importing fairseq takes seconds, and it happens when the console script imports this
     package, before :func:`residual_fairseq.errors.cli_main` can catch KeyboardInterrupt.
-    cli_main puts Python's own handler back (:func:`residual_fairseq.errors.catch_interrupts`).
+    cli_main puts Python's own handler back while the command's main runs
+    (:func:`residual_fairseq.errors.catch_interrupts`) and this one again when it ends.
     Other programs that import the package (a Python session, fairseq-train with
     --user-dir) are left alone.
     """
-    if _is_project_command(sys.argv[0] if sys.argv else ""):
-        try:
-            signal.signal(signal.SIGINT, interrupted_while_starting)
-        except ValueError:  # not the main thread
-            pass
+    if _is_project_command(sys.argv, getattr(sys, "orig_argv", ())):
+        quiet_interrupts()
 
 
 # --- 2. one line for a UserError in fairseq's console scripts -----------------------------------
@@ -202,6 +207,8 @@ def undo_debug_logging_of_fairseq_import(level_before: int) -> None:
     (:func:`residual_fairseq.errors.configure_logging`: INFO, DEBUG with --verbose); a
     root logger the user had set to DEBUG is left alone.
     """
+    import logging
+
     root = logging.getLogger()
     if root.level == logging.DEBUG and level_before != logging.DEBUG:
         root.setLevel(level_before)
