@@ -21,7 +21,9 @@ def install() -> None:
     1. Ctrl-C while a ``residual-fairseq-*`` command (``python scripts/X.py``,
        ``python -m residual_fairseq...``) starts is ``error: interrupted``, exit 130:
        importing fairseq takes seconds before the command's ``cli_main`` can catch it
-       (:func:`exit_quietly_on_interrupt_while_starting`; first, before any other import).
+       (:func:`exit_quietly_on_interrupt_while_starting`; first, before any other import;
+       ``cli_main`` gives Python's KeyboardInterrupt back while the command's main runs,
+       and this handler again while it reports an error or exits).
     2. In fairseq's own console scripts (fairseq-generate, -train...), a UserError that
        escapes them (a refused checkpoint) is one ``error:`` line, not a traceback through
        fairseq (:func:`report_user_errors_in_fairseq_commands`).
