@@ -15,7 +15,9 @@ checked against all of them by option name (a name they declare differently is n
 checked). Options typed ``Any``, enums and undeclared options are not checked.
 
 What is accepted is what fairseq's own checkpoints hold: an int where a float is
-declared, ``None`` where the option is ``Optional`` or defaults to None, a list (or
+declared, ``None`` for any option (unset; fairseq's own configs hold it where the
+declaration says otherwise, e.g. a language model's ``max_target_positions`` under a
+translation task's declaration), a list (or
 one element) where a list is declared, ``"True"``/``"False"`` for a bool (older
 fairseq stored ``left_pad_source`` so), and an option's own default as it is (a few
 of fairseq's do not fit their declared type).
@@ -125,27 +127,21 @@ def _describe(kind) -> str:
     return {float: "a number", int: "an integer", bool: "True or False", str: "a string"}.get(kind, str(kind))
 
 
-def _fits(value, kind, default_none) -> typing.Optional[bool]:
+def _fits(value, kind) -> typing.Optional[bool]:
     """True/False: whether ``value`` has the declared type; None: the type is not checked."""
+    if value is None:
+        return True  # an option left unset: fairseq's configs hold None for those, typed or not
     origin = typing.get_origin(kind)
     if origin is typing.Union:
-        members = [k for k in typing.get_args(kind) if k is not type(None)]
-        if value is None and len(members) < len(typing.get_args(kind)):
-            return True
-        verdicts = [_fits(value, k, default_none) for k in members]
-        if any(v is None for v in verdicts):
-            return None
-        return any(verdicts)
-    if value is None:
-        return True if default_none else (False if kind in (float, int, bool, str) or origin in (list, tuple)
-                                          else None)
+        verdicts = [_fits(value, k) for k in typing.get_args(kind) if k is not type(None)]
+        return None if any(v is None for v in verdicts) else any(verdicts)
     if origin in (list, tuple):
         args = [a for a in typing.get_args(kind) if a is not Ellipsis]
         element = args[0] if len(set(args)) == 1 else None
         if element not in (float, int, bool, str):
             return None
         items = value if isinstance(value, (list, tuple)) else [value]
-        return all(_fits(item, element, False) for item in items)
+        return all(_fits(item, element) for item in items)
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
@@ -175,7 +171,7 @@ def _check(config, types, where, path, nested=None):
             continue
         if value is default or (type(value) is type(default) and value == default):
             continue  # fairseq's own default (a few do not fit their declared type: "???", '2' for an int)
-        if _fits(value, kind, default is None) is False:
+        if _fits(value, kind) is False:
             shown = repr(value)
             shown = shown if len(shown) <= 40 else shown[:40] + "..."
             raise CheckpointError(f"checkpoint {path} stores {where}.{key} = {shown}, not {_describe(kind)} "
