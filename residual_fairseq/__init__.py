@@ -1,40 +1,23 @@
 """residual-fairseq: the ResiDual transformer as a fairseq plugin.
 
-Importing this package (directly, or via ``--user-dir``) registers the ``resi_dual``
-model and its architectures, and makes fairseq treat checkpoint files as untrusted
-input (docs/reliability.md): it allowlists the few globals that fairseq's checkpoint
-files need under ``torch.load(weights_only=True)``, opens every checkpoint through
-:func:`residual_fairseq.safe_checkpoints.load_checkpoint_to_cpu` (checked before it
-is unpickled), and gives fairseq a literal-only ``eval`` for config strings
-(:mod:`residual_fairseq.config_strings`). In a fairseq-train that residual-fairseq-train
-resumed, it also restores ``--patience``'s count (:mod:`residual_fairseq.early_stopping`),
-and at exit it destroys a torch.distributed process group that fairseq left behind
-(:func:`residual_fairseq.runtime.destroy_process_group_at_exit`).
+Importing this package (directly, or via ``--user-dir``) changes fairseq globally in the
+few ways that :func:`residual_fairseq.fairseq_patches.install` lists (checkpoint files
+are checked as untrusted input before fairseq unpickles them, config strings are
+evaluated as literals only, Ctrl-C and refused checkpoints are one line...), then
+registers the ``resi_dual`` model, the other residual schemes and their architectures.
 """
-import logging
 import os
 
-_ROOT_LOG_LEVEL = logging.getLogger().level  # before fairseq's import sets it to DEBUG (see runtime)
+from . import fairseq_patches
 
-from . import runtime  # noqa: E402  (stdlib only)
+fairseq_patches.install()  # first: its Ctrl-C handler covers the seconds of importing fairseq
 
-runtime.exit_quietly_on_interrupt_while_starting()  # before the seconds of importing fairseq
-runtime.report_user_errors_in_fairseq_commands()  # a refused checkpoint in fairseq-generate: one line
-runtime.destroy_process_group_at_exit()  # else a gloo rank may abort at exit after a finished run
-
-from . import config_strings, early_stopping, safe_checkpoints  # noqa: E402
-from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers resi_dual)
+from .models import ResiDualConfig, ResiDualModel  # noqa: E402,F401  (registers the models)
 
 __version__ = "0.1.0"
 
 # What to pass to ``--user-dir`` / ``common.user_dir`` for an installed copy.
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
-
-safe_checkpoints.allow_fairseq_checkpoint_globals()
-safe_checkpoints.install_loading_guard()
-config_strings.close_fairseq_eval_calls()
-early_stopping.restore_in_fairseq_train()  # only in a fairseq-train that residual-fairseq-train resumed
-runtime.undo_debug_logging_of_fairseq_import(_ROOT_LOG_LEVEL)
 
 
 def load_language_model(checkpoint, data=None, cpu=None):

@@ -6,7 +6,7 @@ with every model tensor replaced by the element-wise mean over the inputs, so
 fairseq-generate, fairseq-interactive and ``from_pretrained`` load it like any other.
 
 Every input is read once and checked before it is unpickled
-(:func:`residual_fairseq.safe_checkpoints.read_checkpoint`: no code, no memory bombs,
+(:func:`residual_fairseq.checkpoints.read_checkpoint`: no code, no memory bombs,
 a fairseq layout), and the inputs must agree in parameter names, shapes and dtypes,
 and in architecture, task, language pair and the options that change what the model
 computes (:data:`MODEL_DEFINING_OPTIONS`).
@@ -28,7 +28,7 @@ from .argtypes import check_output_file, positive_int
 from .atomic import atomic_output
 from .errors import UserError, cli_main
 from .runtime import add_verbose_flag
-from .safe_checkpoints import checkpoint_architecture, checkpoint_task, read_checkpoint
+from .checkpoints import checkpoint_architecture, checkpoint_task, read_checkpoint
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")            # checkpoint12.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")      # checkpoint_3_5000.pt
@@ -58,7 +58,7 @@ def last_n_checkpoints(directory, n: int, update_based: bool = False, upper_boun
 
 def load_checkpoint_file(path) -> dict:
     """One checkpoint file, on CPU: read once, checked, unpickled from the checked bytes
-    (:func:`~residual_fairseq.safe_checkpoints.read_checkpoint`)."""
+    (:func:`~residual_fairseq.checkpoints.read_checkpoint`)."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory: give checkpoint files, or --num-epoch-checkpoints N")
     return read_checkpoint(path)

@@ -32,7 +32,7 @@ from .argtypes import is_finite_number
 from .average_checkpoints import load_checkpoint_file, save_checkpoint_atomically
 from .errors import UserError, cli_main
 from .models.resi_dual import FAIRSEQ_PRESET_OF, OFFICIAL_OPTION_NAMES
-from .safe_checkpoints import config_option, config_shapes, drop_config_option, set_config_option
+from .checkpoints import config_option, config_shapes, drop_config_option, set_config_option
 
 RESI_DUAL_OF_PRESET = {preset: arch for arch, preset in FAIRSEQ_PRESET_OF.items()}
 

@@ -38,7 +38,7 @@ from .errors import UserError, cli_main
 from .passthrough import flag_values, refuse_flags, split_passthrough
 from .run_record import read_any_run_record, read_run_record
 from .runtime import add_verbose_flag
-from .safe_checkpoints import read_checkpoint
+from .checkpoints import read_checkpoint
 
 
 class VocabularyMismatch(UserError):
@@ -93,7 +93,7 @@ class OriginalVocabulary:
 
 def embedding_rows(checkpoint: Path) -> dict:
     """Rows of the checkpoint's source and target embedding tables (the file is checked
-    before it is unpickled: :func:`~residual_fairseq.safe_checkpoints.read_checkpoint`)."""
+    before it is unpickled: :func:`~residual_fairseq.checkpoints.read_checkpoint`)."""
     weights = read_checkpoint(checkpoint)["model"]
     rows = {}
     for side, key in (("source", "encoder.embed_tokens.weight"), ("target", "decoder.embed_tokens.weight")):

@@ -31,7 +31,7 @@ from .atomic import write_text_atomically
 from .errors import UserError
 from .passthrough import refuse_flags
 from .runtime import fairseq_executable, quiet_hub_batches, thread_environment
-from .safe_checkpoints import checkpoint_task, checkpoint_task_option, read_checkpoint
+from .checkpoints import checkpoint_task, checkpoint_task_option, read_checkpoint
 
 _RESULT_LINE = re.compile(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)")
 _TOKENS_LINE = re.compile(r"Evaluated ([0-9,]+) tokens")

@@ -39,7 +39,7 @@ from .argtypes import int_at_least, length_penalty, positive_int, read_user_line
 from .data.binarized import dictionary_segmentation
 from .errors import UserError, cli_main
 from .runtime import add_threads_flag, add_verbose_flag, quiet_hub_batches, use_threads
-from .safe_checkpoints import WeightsMismatchError, checkpoint_task, config_option, load_models, read_checkpoint
+from .checkpoints import WeightsMismatchError, checkpoint_task, config_option, load_models, read_checkpoint
 
 # Subword model files looked for in the data directory and its parent (the
 # residual-fairseq-prepare output directory), and fairseq's --bpe name for each.
@@ -288,8 +288,8 @@ def decode_with_defaults(cfg, overrides) -> None:
 
 def load_hub(checkpoint, data, state=None, **overrides):
     """fairseq's hub interface for one checkpoint file, as ``from_pretrained`` builds it,
-    but opened once and verified (:func:`~residual_fairseq.safe_checkpoints.load_models`;
-    ``state``: its :func:`~residual_fairseq.safe_checkpoints.read_checkpoint` result, if
+    but opened once and verified (:func:`~residual_fairseq.checkpoints.load_models`;
+    ``state``: its :func:`~residual_fairseq.checkpoints.read_checkpoint` result, if
     already read). ``from_pretrained`` would split the file name on ``:`` into an ensemble."""
     from fairseq.hub_utils import GeneratorHubInterface
 

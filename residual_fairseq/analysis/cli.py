@@ -180,7 +180,7 @@ def publish(tmp: Path, out: Path) -> None:
 @cli_main
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    # (importing fairseq leaves the root logger at DEBUG: cli_main resets it, see runtime.configure_logging)
+    # (importing fairseq leaves the root logger at DEBUG: cli_main resets it, see errors.configure_logging)
     check_args(args)
     check_output_dir(Path(args.out), "--out")
     if args.merge:

@@ -3,7 +3,7 @@ import torch
 
 from ..errors import UserError
 from ..models.admin import profile_omegas
-from ..safe_checkpoints import WeightsMismatchError, load_models
+from ..checkpoints import WeightsMismatchError, load_models
 from ..variants import VARIANTS, build_language_model, build_model, needs_profile
 
 # Size options of the CLI -> fairseq model options they set on both stacks.
@@ -79,7 +79,7 @@ def fresh_language_model(variant, task, seed=1, preset="", dual_scale=None, **si
 
 def load_checkpoint(path, task):
     """A trained model from a fairseq checkpoint, built for ``task``'s dictionaries
-    (the file is read once and checked: :func:`~residual_fairseq.safe_checkpoints.load_models`)."""
+    (the file is read once and checked: :func:`~residual_fairseq.checkpoints.load_models`)."""
     try:
         models, _cfg, _task = load_models(path, task=task)
     except WeightsMismatchError as err:

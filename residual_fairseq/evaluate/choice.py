@@ -4,7 +4,7 @@ from typing import Optional
 
 from ..average_checkpoints import average_last_checkpoints
 from ..errors import UserError
-from ..safe_checkpoints import checkpoint_task, verify_checkpoint_file
+from ..checkpoints import checkpoint_task, verify_checkpoint_file
 
 
 def pick_checkpoint(checkpoint, last_n: Optional[int] = None):

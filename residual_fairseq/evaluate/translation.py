@@ -10,7 +10,7 @@ from ..argtypes import check_output_file
 from ..data.binarized import check_split
 from ..errors import UserError
 from ..run_inputs import data_input_files, refuse_overwriting_inputs, unsplittable_path
-from ..safe_checkpoints import read_checkpoint
+from ..checkpoints import read_checkpoint
 from .choice import check_translation_checkpoint, pick_checkpoint
 from .generate import (GenerateFailed, binarized_size, check_generate_extra_args, generate_command,
                        resolve_detok_lang, resolve_subword, run_generate, score_generate_output)

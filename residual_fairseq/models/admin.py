@@ -44,7 +44,7 @@ from fairseq.models.transformer import TransformerConfig
 
 from ..argtypes import is_finite_number, read_regular_file
 from ..atomic import write_text_atomically
-from ..safe_checkpoints import WEIGHTS_FROM_CHECKPOINT
+from ..checkpoints import WEIGHTS_FROM_CHECKPOINT
 from .postln_family import PostLNFamilyModel, fairseq_preset_of, register_presets, stacks_with
 from .postln_layers import ModelConfigError, PostLNDecoderLayer, PostLNEncoderLayer
 

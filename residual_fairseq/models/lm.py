@@ -38,7 +38,7 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from ..argtypes import positive_number
-from ..config_strings import CodeInConfigError, literal_value
+from ..checkpoints import CodeInConfigError, literal_value
 from .postln_family import fairseq_preset_of, register_presets, set_option_types
 from .postln_layers import ModelConfigError
 from .resi_dual import ResiDualConfig, ResiDualDecoder, ResiDualModel

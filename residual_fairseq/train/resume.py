@@ -13,7 +13,7 @@ from .. import early_stopping
 from ..errors import UserError
 from ..passthrough import flag_value
 from ..run_record import recorded_name
-from ..safe_checkpoints import read_checkpoint, repair_last_checkpoint
+from ..checkpoints import read_checkpoint, repair_last_checkpoint
 from .plan import TrainPlan, TrainRequest, effective_model, run_name
 from .progress import LOG_NAME
 
@@ -34,7 +34,7 @@ def resume_point(save_dir) -> Optional[tuple]:
 
     fairseq resumes from ``SAVE_DIR/checkpoint_last.pt`` only. A truncated one is
     replaced by the newest valid checkpoint fairseq wrote for the run
-    (:func:`~residual_fairseq.safe_checkpoints.repair_last_checkpoint`: never averaged
+    (:func:`~residual_fairseq.checkpoints.repair_last_checkpoint`: never averaged
     checkpoints or other files); any other problem is a one-line error.
     """
     last = Path(save_dir) / "checkpoint_last.pt"

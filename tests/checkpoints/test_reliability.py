@@ -15,7 +15,7 @@ import residual_fairseq  # noqa: F401  (allowlists fairseq's checkpoint globals)
 from fairseq import checkpoint_utils
 from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run
 from residual_fairseq.errors import UserError
-from residual_fairseq.safe_checkpoints import is_intact, repair_last_checkpoint, verify_checkpoint_file
+from residual_fairseq.checkpoints import is_intact, repair_last_checkpoint, verify_checkpoint_file
 
 
 def train_cmd(data_bin, save_dir, *extra):

@@ -27,9 +27,10 @@ import torch
 import residual_fairseq
 from fairseq import checkpoint_utils, options, utils
 from helpers import CLI_ENV, TINY_TRAIN_ARGS, USER_DIR, fairseq_cli, run, user_error
-from residual_fairseq import analysis, average_checkpoints, evaluate, finetune, safe_checkpoints, train, translate
-from residual_fairseq.config_strings import EVALUATED_FIELDS, CodeInConfigError, literal_value
+from residual_fairseq import analysis, average_checkpoints, checkpoints, evaluate, fairseq_patches, finetune, train, translate
+from residual_fairseq.checkpoints import EVALUATED_FIELDS, CodeInConfigError, literal_value
 from residual_fairseq.errors import UserError
+from residual_fairseq.checkpoints.types import check_config_types
 from residual_fairseq.models import ResiDualModel
 
 
@@ -164,6 +165,16 @@ def catalogue(real, marker, tmp_path_factory):
         no_embeddings["model"].pop(name, None)
     save("no_token_embeddings", no_embeddings, "holds no decoder.embed_tokens.weight")
 
+    # config values of another type than fairseq's config dataclasses declare: fairseq took them
+    # (a TypeError while decoding, fairseq-generate aborting with -6)
+    save("cfg_model_dropout_a_string", with_model_options(good, dropout="abc"),
+         re.escape("stores cfg.model.dropout = 'abc', not a number"))
+    save("args_dropout_a_string", with_model_options(args_layout(good), dropout="abc"),
+         re.escape("stores args.dropout = 'abc', not a number"))
+    wrong_section = copy.deepcopy(good)
+    wrong_section["cfg"]["criterion"]["label_smoothing"] = "0.1"
+    save("cfg_criterion_a_string", wrong_section, re.escape("stores cfg.criterion.label_smoothing = '0.1', not a number"))
+
     # pickle payloads
     reduce_payload = copy.deepcopy(good)
     reduce_payload["extra_state"]["metrics"] = RunsCodeWhenUnpickled(marker)
@@ -198,6 +209,12 @@ def catalogue(real, marker, tmp_path_factory):
         name.replace("/data/0", "/data/../../0"), data)), "unexpected record name")
     write("storage_record_short", rewrite_zip(small_bytes, lambda name, data: (
         name, data[:4] if name.endswith("/data/0") else data)), "declares 16 bytes but its record holds 4")
+
+    # a record that the zip's directory declares longer than the file holds
+    data = bytearray(real.read_bytes())
+    entry = data.rindex(b"PK\x01\x02")  # the last entry of the zip's central directory
+    data[entry + 20:entry + 28] = (2 ** 31).to_bytes(4, "little") * 2  # compressed and uncompressed size
+    write("record_past_the_end", bytes(data), "ends past the end of the file")
 
     # declared-size bombs
     save("bomb_stride_zero", {**good, "model": {"w": torch.zeros(1).expand(10**7, 10**6)}},
@@ -246,6 +263,7 @@ CASES = [
     "pickle_legacy_format", "zip_not_torch", "truncated", "empty_dict", "a_list", "no_model", "model_a_list",
     "unexpected_entry", "cfg_a_string", "args_a_dict", "cfg_model_a_list", "storage_key_dotdot",
     "record_name_dotdot", "storage_record_short", "bomb_stride_zero", "bomb_many_views",
+    "cfg_model_dropout_a_string", "args_dropout_a_string", "cfg_criterion_a_string", "record_past_the_end",
 ]
 
 
@@ -255,7 +273,7 @@ def test_every_project_loader_refuses_in_one_line(case, catalogue, real, toy_dat
     path, expected = catalogue[case]
     api_messages = set()
     for loader in (lambda: translate.load_translator(path, toy_data_bin),
-                   lambda: safe_checkpoints.read_checkpoint(path),
+                   lambda: checkpoints.read_checkpoint(path),
                    lambda: average_checkpoints.average_checkpoints([str(real), str(path)]),
                    lambda: finetune.embedding_rows(path),
                    lambda: analysis.load_checkpoint(path, translate_task(toy_data_bin))):
@@ -292,7 +310,7 @@ def test_hub_from_pretrained_refuses(case, catalogue, toy_data_bin, marker):
 
     path, expected = catalogue[case]
     for model_class in (ResiDualModel, TransformerModel):
-        with pytest.raises(safe_checkpoints.CheckpointError, match=expected):
+        with pytest.raises(checkpoints.CheckpointError, match=expected):
             model_class.from_pretrained(str(path.parent), checkpoint_file=path.name,
                                         data_name_or_path=str(toy_data_bin))
     assert not marker.exists()
@@ -310,7 +328,7 @@ def test_a_colon_in_a_path_names_one_file(catalogue, real, toy_data_bin, one_lin
     with evaluate.unsplittable_path(colon) as name:
         assert ":" not in str(name) and Path(name).resolve() == colon.resolve()
     # hub from_pretrained keeps fairseq's ensemble syntax, and every member is checked
-    with pytest.raises(safe_checkpoints.CheckpointError, match="adaptive_softmax_cutoff"):
+    with pytest.raises(checkpoints.CheckpointError, match="adaptive_softmax_cutoff"):
         ResiDualModel.from_pretrained(str(tmp_path), checkpoint_file="a:b.pt", data_name_or_path=str(toy_data_bin))
     assert not marker.exists()
 
@@ -339,7 +357,7 @@ def test_fairseq_clis_with_the_plugin_refuse(catalogue, real, toy_data_bin, mark
     for name, process in processes.items():
         out, err = process.communicate("w1 w2\n", timeout=300)
         assert process.returncode == 1, name  # fairseq's CLI owns its exit status
-        # One line, not a traceback through fairseq (runtime.report_user_errors_in_fairseq_commands).
+        # One line, not a traceback through fairseq (fairseq_patches.report_user_errors_in_fairseq_commands).
         assert re.search(r"^error: .*" + expected[name] + ".*\\Z", err.strip(), re.M), (name, err[-2000:])
         assert "Traceback" not in err, (name, err[-2000:])
         assert not re.search(r"^[HS]-\d", out, re.M), name
@@ -358,7 +376,7 @@ def test_the_eval_calls_of_fairseq_take_literals_only(catalogue, toy_data_bin, m
         with pytest.raises(CodeInConfigError):
             evaluate_string()
     for name in ("cfg_adaptive_softmax_cutoff", "args_fconv_decoder_layers", "cfg_lstm_decoder_attention"):
-        state = safe_checkpoints._fairseq_load_checkpoint_to_cpu(str(catalogue[name][0]),
+        state = fairseq_patches._fairseq_load_checkpoint_to_cpu(str(catalogue[name][0]),
                                                                  arg_overrides={"data": str(toy_data_bin)})
         with pytest.raises(CodeInConfigError):
             checkpoint_utils.load_model_ensemble_and_task([str(catalogue[name][0])], state=state)
@@ -396,7 +414,7 @@ def test_legitimate_checkpoints_load_in_both_layouts(real, tmp_path, toy_data_bi
         assert isinstance(translator.translate("w1 w2", beam=1, max_len_b=3), str)
     averaged = tmp_path / "avg.pt"
     average_checkpoints.main(["--inputs", str(real), str(real), "--output", str(averaged)])
-    assert safe_checkpoints.read_checkpoint(averaged)["model"].keys() == good["model"].keys()
+    assert checkpoints.read_checkpoint(averaged)["model"].keys() == good["model"].keys()
 
 
 
@@ -424,7 +442,7 @@ def test_a_config_asking_for_more_than_its_weights_is_refused_before_building(
                    lambda: analysis.load_checkpoint(path, translate_task(toy_data_bin)),
                    lambda: ResiDualModel.from_pretrained(str(tmp_path), checkpoint_file="bomb.pt",
                                                          data_name_or_path=str(toy_data_bin))):
-        with pytest.raises(safe_checkpoints.CheckpointError, match=refusal):
+        with pytest.raises(checkpoints.CheckpointError, match=refusal):
             loader()
 
 
@@ -452,11 +470,12 @@ def test_the_config_size_check_passes_fairseqs_own_architectures(arch, sizes):
     ARCH_CONFIG_REGISTRY[arch](args)
     model = models.build_model(argparse.Namespace(**vars(args)),
                                argparse.Namespace(source_dictionary=vocabulary, target_dictionary=vocabulary))
-    safe_checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
+    checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, arch)
+    check_config_types({"args": args}, arch, arch)  # fairseq's own values have their declared types
     # ... while a config asking for more still fails, for these architectures too
-    with pytest.raises(safe_checkpoints.CheckpointError, match="its config"):
+    with pytest.raises(checkpoints.CheckpointError, match="its config"):
         bigger = dict(vars(args), decoder_embed_dim=64, decoder_out_embed_dim=64)
-        safe_checkpoints.check_config_fits_weights({"args": argparse.Namespace(**bigger),
+        checkpoints.check_config_fits_weights({"args": argparse.Namespace(**bigger),
                                                     "model": model.state_dict()}, arch)
 
 def test_a_checkpoint_never_opens_the_files_its_initialisation_read(real, toy_data_bin, tmp_path):
@@ -617,8 +636,8 @@ def test_a_checkpoint_that_is_no_regular_file_is_refused_without_reading(kind, t
         path = Path("/dev/zero")
     else:
         path.symlink_to("/dev/zero")
-    for check in (safe_checkpoints.read_checkpoint, safe_checkpoints.is_intact):
-        with pytest.raises(safe_checkpoints.CheckpointError, match="is not a regular file"):
+    for check in (checkpoints.read_checkpoint, checkpoints.is_intact):
+        with pytest.raises(checkpoints.CheckpointError, match="is not a regular file"):
             check(path)
     line = user_error(capsys, translate.main, [path, "--data", toy_data_bin, "--input", one_line], only_line=True)
     assert line == f"error: checkpoint {path} is not a regular file"
@@ -637,7 +656,7 @@ def test_a_stored_replace_unk_file_is_never_opened(real, tmp_path):
     args["args"].replace_unk = str(pipe)
     for name, state in (("cfg", good), ("args", args)):
         torch.save(state, tmp_path / f"{name}.pt")
-        loaded = safe_checkpoints.load_checkpoint_to_cpu(str(tmp_path / f"{name}.pt"))
+        loaded = checkpoints.load_checkpoint_to_cpu(str(tmp_path / f"{name}.pt"))
         stored = loaded["cfg"]["generation"]["replace_unk"] if name == "cfg" else loaded["args"].replace_unk
         assert stored is None
 
@@ -671,3 +690,66 @@ def test_a_model_archive_is_unpacked_safely_and_kept(real, toy_data_bin, tmp_pat
     hub = ResiDualModel.from_pretrained(str(good), checkpoint_file="model.pt", source_lang=source_lang,
                                         target_lang=target_lang)
     assert hub.models and good.read_bytes() == good_bytes
+
+
+@pytest.mark.parametrize("layout", ["cfg", "args"])
+@pytest.mark.parametrize("option, value, expected", [
+    ("dropout", "abc", "not a number"), ("encoder_layers", 2.5, "not an integer"),
+    ("share_all_embeddings", "yes", "not True or False"), ("encoder_layers", True, "not an integer"),
+    ("lr", ["abc"], "not a list of numbers"), ("activation_fn", 7, "not a string"),
+])
+def test_a_config_value_of_another_type_than_fairseqs_is_refused_naming_it(layout, option, value, expected, real,
+                                                                          tmp_path):
+    good = torch.load(real, weights_only=True)
+    where = "args" if layout == "args" else "cfg.model"
+    torch.save(with_model_options(good if layout == "cfg" else args_layout(good), **{option: value}),
+               tmp_path / "typed.pt")
+    with pytest.raises(checkpoints.CheckpointError, match=re.escape(f"stores {where}.{option} = {value!r}, {expected}")):
+        checkpoints.read_checkpoint(tmp_path / "typed.pt")
+    # What fairseq's own checkpoints hold passes: an int for a float, "True" for a bool (older fairseq).
+    fine = with_model_options(good, dropout=0, share_all_embeddings="True", lr=[1])
+    fine["cfg"]["task"]["max_source_positions"] = 64
+    torch.save(fine if layout == "cfg" else args_layout(fine), tmp_path / "fine.pt")
+    checkpoints.read_checkpoint(tmp_path / "fine.pt")
+
+
+def test_the_checks_never_hold_the_whole_file_in_memory(real, tmp_path):
+    """The zip's directory, the records' headers and the pickle are read, not the weights:
+    Python holds far less than the file while checking and loading a 32 MB checkpoint (the
+    whole-file read held twice its size)."""
+    import tracemalloc
+
+    state = torch.load(real, weights_only=True)
+    state["model"]["encoder.extra"] = torch.randn(8 * 2 ** 20)
+    torch.save(state, tmp_path / "big.pt")
+    tracemalloc.start()
+    try:
+        checkpoints.load_checkpoint_to_cpu(str(tmp_path / "big.pt"))
+        checkpoints.read_checkpoint(tmp_path / "big.pt")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (tmp_path / "big.pt").stat().st_size / 8, peak
+
+
+def test_what_was_checked_is_what_is_loaded_even_if_the_file_changes(real, tmp_path, monkeypatch):
+    """The file is opened once and read in parts: a pickle rewritten in place between the
+    check and the load is not what torch unpickles (it gets the bytes that were checked)."""
+    from residual_fairseq.checkpoints import read as read_module
+
+    stored = torch.load(real, weights_only=True)
+    checked, swapped = tmp_path / "checked.pt", tmp_path / "swapped.pt"
+    torch.save(with_model_options(stored, dropout=0.125), checked)
+    torch.save(with_model_options(stored, dropout=0.25), swapped)  # the same length: one float differs
+    assert checked.stat().st_size == swapped.stat().st_size
+    real_load = torch.load
+
+    def load_after_a_swap(handle, *args, **kwargs):
+        with open(checked, "r+b") as rewrite:  # the same inode, rewritten in place
+            rewrite.write(swapped.read_bytes())
+        return real_load(handle, *args, **kwargs)
+
+    monkeypatch.setattr(read_module.torch, "load", load_after_a_swap)
+    state = checkpoints.read_checkpoint(checked)
+    assert checked.read_bytes() == swapped.read_bytes()
+    assert state["cfg"]["model"].dropout == 0.125

@@ -272,7 +272,7 @@ def test_oversized_or_missing_profile_is_refused(tmp_path):
     with pytest.raises(ModelConfigError, match="missing.json: No such file or directory"):
         build_model("admin", admin_profile=str(tmp_path / "missing.json"), **SMALL)
     # What a loaded checkpoint's config says: its omegas come with its weights, no file is read.
-    from residual_fairseq.safe_checkpoints import WEIGHTS_FROM_CHECKPOINT
+    from residual_fairseq.checkpoints import WEIGHTS_FROM_CHECKPOINT
 
     assert build_model("admin", admin_profile=WEIGHTS_FROM_CHECKPOINT, **SMALL) is not None
     with pytest.raises(ModelConfigError, match="not a regular file"):

@@ -7,6 +7,7 @@ each case costs milliseconds: one line ``error: ...`` and exit 2, nothing writte
 import io
 import json
 import logging
+import os
 import sys
 
 import pytest
@@ -261,12 +262,114 @@ def test_ctrl_c_while_a_command_starts_is_one_line():
         assert err.strip().splitlines() == ["error: interrupted"] and out == "", command
 
 
+# A sitecustomize for the command under test: it tells the test when the command first
+# imports fairseq (the seconds of a command's start), by a byte on an inherited pipe.
+_STARTED = """
+import os, sys
+
+class _Started:
+    told = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "fairseq" and not self.told:
+            self.told = True
+            os.write(int(os.environ["RESIDUAL_FAIRSEQ_TEST_STARTED_FD"]), b".")
+        return None
+
+sys.meta_path.insert(0, _Started())
+"""
+CONSOLE_COMMANDS = ("prepare", "train", "evaluate", "average-checkpoints", "convert", "reproduce", "finetune",
+                    "translate", "analyze", "benchmark")
+
+
+def interrupted_after_start(command, delay, tmp_path):
+    """(exit status, stdout, stderr) of ``command`` sent SIGINT ``delay`` s after it starts
+    importing fairseq. (Python's own start-up before that, site-packages' .pth files
+    included, runs before any code of the package can: see docs/reliability.md.)"""
+    import select
+    import signal
+    import subprocess
+    import time
+
+    from helpers import CLI_ENV
+
+    (tmp_path / "sitecustomize.py").write_text(_STARTED)
+    started, tell = os.pipe()
+    env = {**CLI_ENV, "RESIDUAL_FAIRSEQ_TEST_STARTED_FD": str(tell),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), CLI_ENV.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, pass_fds=(tell,))
+        os.close(tell)
+        assert select.select([started], [], [], 120)[0], command
+        assert os.read(started, 1) == b".", command
+    finally:
+        os.close(started)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("delay", [0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line(delay, tmp_path):
+    """Whenever Ctrl-C lands while the command starts (imports fairseq, builds its parser...):
+    one 'error: interrupted' line, exit 130."""
+    from helpers import fairseq_cli
+
+    status, out, err = interrupted_after_start([fairseq_cli("residual-fairseq-translate"), "--help"], delay, tmp_path)
+    assert (status, err.strip().splitlines(), out) == (130, ["error: interrupted"], ""), (delay, status, err[-2000:])
+
+
+@pytest.mark.parametrize("name", CONSOLE_COMMANDS + ("python -m",))
+def test_ctrl_c_in_every_console_command_is_one_line(name, tmp_path):
+    from helpers import fairseq_cli
+
+    command = [sys.executable, "-m", "residual_fairseq.evaluate"] if name == "python -m" \
+        else [fairseq_cli(f"residual-fairseq-{name}")]
+    status, out, err = interrupted_after_start(command + ["--help"], 0.05, tmp_path)
+    assert (status, err.strip().splitlines(), out) == (130, ["error: interrupted"], ""), (name, status, err[-2000:])
+
+
+def test_ctrl_c_while_a_command_reports_or_exits_is_one_line(monkeypatch):
+    """cli_main gives Python's KeyboardInterrupt back to the command's main only while it
+    runs; before and after (reporting an error, exiting), Ctrl-C is the start-up one line."""
+    import signal
+
+    from residual_fairseq.errors import cli_main, interrupted_while_starting, quiet_interrupts
+
+    monkeypatch.setattr(sys, "argv", ["residual-fairseq-x"])
+    seen = []
+
+    @cli_main
+    def main(argv=None):
+        seen.append(signal.getsignal(signal.SIGINT))
+        if argv:
+            raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        quiet_interrupts()
+        main([])
+        assert seen == [signal.default_int_handler]
+        assert signal.getsignal(signal.SIGINT) is interrupted_while_starting
+        with pytest.raises(SystemExit) as ended:
+            main(["interrupted"])
+        assert ended.value.code == 130 and signal.getsignal(signal.SIGINT) is interrupted_while_starting
+        # a main called in-process by another program (tests, a driver) leaves its handler alone
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        main([])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
     """Importing the plugin into a fairseq-* console script makes a UserError that escapes
     fairseq (a refused checkpoint) one line; other errors and other programs keep Python's hook."""
     import sys
 
-    from residual_fairseq import runtime
+    from residual_fairseq import fairseq_patches
     from residual_fairseq.errors import UserError
 
     seen = []
@@ -276,12 +379,12 @@ def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(sys, "excepthook", python_hook)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/python3", "script.py"])
-    runtime.report_user_errors_in_fairseq_commands()
+    fairseq_patches.report_user_errors_in_fairseq_commands()
     assert sys.excepthook is python_hook  # not a fairseq command: untouched
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate", "data-bin"])
-    runtime.report_user_errors_in_fairseq_commands()
-    runtime.report_user_errors_in_fairseq_commands()  # a second import does not stack hooks
+    fairseq_patches.report_user_errors_in_fairseq_commands()
+    fairseq_patches.report_user_errors_in_fairseq_commands()  # a second import does not stack hooks
     sys.excepthook(UserError, UserError("checkpoint x.pt is truncated"), None)
     assert capsys.readouterr().err == "error: checkpoint x.pt is truncated\n" and seen == []
     sys.excepthook(ValueError, ValueError("a bug"), None)

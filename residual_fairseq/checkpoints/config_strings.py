@@ -28,7 +28,7 @@ import dis
 import sys
 import types
 
-from .errors import UserError
+from ..errors import UserError
 
 # A config string longer than this is not an option value.
 MAX_SOURCE_CHARS = 100_000
