@@ -51,9 +51,9 @@ def install() -> None:
         the user had set DEBUG (:func:`undo_debug_logging_of_fairseq_import`).
 
     Not at import but on the first check of a checkpoint's config against its weights:
-    torch.nn.init's public functions and fairseq's sinusoidal table skip their work while
-    *that thread* builds a model on the meta device, and behave as before for every other
-    caller (:mod:`residual_fairseq.checkpoints.sizes`: saves 2-3 s of torch._dynamo import).
+    torch.nn.init's public functions and (only during that build) fairseq's sinusoidal
+    table skip their work while *that thread* builds a model on the meta device, and
+    behave as before for every other caller (:mod:`residual_fairseq.checkpoints.sizes`: saves 2-3 s of torch._dynamo import).
     """
     exit_quietly_on_interrupt_while_starting()
     import logging

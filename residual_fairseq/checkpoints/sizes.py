@@ -84,28 +84,56 @@ def _unless_building_shapes(function, shapes_only):
 
 
 def _install_shape_only_paths() -> None:
-    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
-
     for name in dir(torch.nn.init):
         function = getattr(torch.nn.init, name)
         if name.endswith("_") and not name.startswith("_") and callable(function) \
                 and not getattr(function, "residual_fairseq_shapes_only", False):
             setattr(torch.nn.init, name, _unless_building_shapes(function, lambda tensor, *a, **k: tensor))
-    table = SinusoidalPositionalEmbedding.get_embedding
-    if not getattr(table, "residual_fairseq_shapes_only", False):
-        SinusoidalPositionalEmbedding.get_embedding = staticmethod(_unless_building_shapes(
-            table, lambda num_embeddings, embedding_dim, *a, **k: torch.empty(num_embeddings, embedding_dim)))
+
+
+# fairseq's sinusoidal table is wrapped only while shapes are being built, and put back
+# after: TorchScript compiles SinusoidalPositionalEmbedding.forward, which calls
+# get_embedding, and a Python wrapper left on the class would make every later
+# torch.jit.script of a model with sinusoidal positions fail.
+_table_lock = threading.Lock()
+_table_users = 0
+_original_table = None
+
+
+def _wrap_sinusoidal_table() -> None:
+    global _table_users, _original_table
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+
+    with _table_lock:
+        if _table_users == 0:
+            _original_table = SinusoidalPositionalEmbedding.__dict__["get_embedding"]
+            SinusoidalPositionalEmbedding.get_embedding = staticmethod(_unless_building_shapes(
+                _original_table.__func__,
+                lambda num_embeddings, embedding_dim, *a, **k: torch.empty(num_embeddings, embedding_dim)))
+        _table_users += 1
+
+
+def _unwrap_sinusoidal_table() -> None:
+    global _table_users
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+
+    with _table_lock:
+        _table_users -= 1
+        if _table_users == 0:
+            SinusoidalPositionalEmbedding.get_embedding = _original_table
 
 
 @contextlib.contextmanager
 def _shapes_only():
     _install_shape_only_paths()
+    _wrap_sinusoidal_table()
     _building_shapes.active = True
     try:
         with torch.device("meta"):
             yield
     finally:
         _building_shapes.active = False
+        _unwrap_sinusoidal_table()
 
 
 def config_shapes(model_cfg, weights, path):

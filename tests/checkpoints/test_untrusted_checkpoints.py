@@ -753,3 +753,30 @@ def test_what_was_checked_is_what_is_loaded_even_if_the_file_changes(real, tmp_p
     state = checkpoints.read_checkpoint(checked)
     assert checked.read_bytes() == swapped.read_bytes()
     assert state["cfg"]["model"].dropout == 0.125
+
+
+def test_a_model_scripts_after_a_checkpoint_was_checked():
+    """The size check builds the config's model on the meta device with fairseq's sinusoidal
+    table short-circuited; a wrapper left on SinusoidalPositionalEmbedding afterwards made every
+    later torch.jit.script of a model with sinusoidal positions fail ("Can't redefine method")."""
+    from fairseq import models
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+    from residual_fairseq.variants import build_model, toy_dictionary
+
+    table = SinusoidalPositionalEmbedding.__dict__["get_embedding"]
+    vocabulary = toy_dictionary()
+    args = argparse.Namespace(arch="transformer", task="translation", criterion="cross_entropy",
+                              max_source_positions=64, max_target_positions=64, encoder_embed_dim=16,
+                              decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
+                              encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)
+    ARCH_CONFIG_REGISTRY["transformer"](args)
+    model = models.build_model(argparse.Namespace(**vars(args)),
+                               argparse.Namespace(source_dictionary=vocabulary, target_dictionary=vocabulary))
+    checkpoints.check_config_fits_weights({"args": args, "model": model.state_dict()}, "transformer")
+    assert SinusoidalPositionalEmbedding.__dict__["get_embedding"] is table  # put back
+    scripted = torch.jit.script(build_model("resi_dual", encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                                            decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                                            decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                                            decoder_attention_heads=2).eval())
+    assert scripted is not None

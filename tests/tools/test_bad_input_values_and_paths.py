@@ -311,6 +311,7 @@ def interrupted_after_start(command, delay, tmp_path):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
 def test_ctrl_c_at_any_moment_of_the_start_is_one_line(delay, tmp_path):
     """Whenever Ctrl-C lands while the command starts (imports fairseq, builds its parser...):
@@ -321,6 +322,7 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line(delay, tmp_path):
     assert (status, err.strip().splitlines(), out) == (130, ["error: interrupted"], ""), (delay, status, err[-2000:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONSOLE_COMMANDS + ("python -m",))
 def test_ctrl_c_in_every_console_command_is_one_line(name, tmp_path):
     from helpers import fairseq_cli

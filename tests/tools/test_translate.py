@@ -218,7 +218,7 @@ def test_nonsensical_stored_positions_are_refused_naming_the_value(toy_run, toy_
         setattr(state["cfg"]["model"], name, value)
     torch.save(state, tmp_path / "positions.pt")
     shown = repr(value)
-    with pytest.raises(translate.UserError, match=re.escape(f"stores cfg.{where}.{name} = {shown}, not a positive")):
+    with pytest.raises(translate.UserError, match=re.escape(f"stores cfg.{where}.{name} = {shown}, not a")):
         translate.load_translator(tmp_path / "positions.pt", toy_data_bin, cpu=True)
 
 
