@@ -447,6 +447,20 @@ class OwnCorpus(Recipe):
             build.parts.append(Bitext(split, *processed[split], label))
 
 
+def sample_corpus_dir(name: str, options) -> Path:
+    """The bundled sample's directory (data/sample-es-en), or the one --from-archive names."""
+    if len(options.from_archive) > 1:
+        raise DataPreparationError(f"{name} reads one --from-archive directory (the sample's), "
+                                   f"got {len(options.from_archive)}")
+    directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
+    if not (directory / "train.tsv.gz").is_file():
+        raise DataPreparationError(
+            f"sample corpus not found in {directory}: pass --from-archive path/to/data/sample-es-en "
+            "(it ships in the residual-fairseq source tree and wheel)"
+        )
+    return directory
+
+
 class SampleEsEn(OwnCorpus):
     name = "sample-es-en"
     summary = "bundled Spanish-English Bible verses (Reina-Valera 1909 / KJV), offline"
@@ -461,16 +475,7 @@ class SampleEsEn(OwnCorpus):
         return Recipe.resolve(self, options)
 
     def corpus_dir(self, options):
-        if len(options.from_archive) > 1:
-            raise DataPreparationError(f"{self.name} reads one --from-archive directory (the sample's), "
-                                       f"got {len(options.from_archive)}")
-        directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
-        if not (directory / "train.tsv.gz").is_file():
-            raise DataPreparationError(
-                f"sample corpus not found in {directory}: pass --from-archive path/to/data/sample-es-en "
-                "(it ships in the residual-fairseq source tree and wheel)"
-            )
-        return directory
+        return sample_corpus_dir(self.name, options)
 
     def input_files(self, options):
         directory = self.corpus_dir(options)

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from . import subword
 from .binarize import run_fairseq_preprocess
-from .datasets import HeldOutSplits, Recipe, Source, check_distinct_files, describe_input, split_files
+from .datasets import (HeldOutSplits, Recipe, Source, check_distinct_files, describe_input, sample_corpus_dir,
+                       split_files)
 from .download import default_download_dir, find_file
 from .errors import DataPreparationError
 from .pipeline import BINARY_DIR, MANIFEST_FORMAT, input_fingerprints, library_versions, prepare_staged
 from .text import map_lines
 from .textio import UNDECODABLE, SkipCounter, read_lines, read_tsv_pairs, write_lines
-from ..resources import shipped_dir
 
 logger = logging.getLogger("residual_fairseq.data")
 
@@ -143,15 +143,7 @@ class SampleLm(LanguageModelRecipe):
     ENGLISH_COLUMN = 2  # reference<TAB>es<TAB>en
 
     def corpus_dir(self, options):
-        if len(options.from_archive) > 1:
-            raise DataPreparationError(f"{self.name} reads one --from-archive directory (the sample's), "
-                                       f"got {len(options.from_archive)}")
-        directory = Path(options.from_archive[0]) if options.from_archive else shipped_dir("sample-es-en")
-        if not (directory / "train.tsv.gz").is_file():
-            raise DataPreparationError(
-                f"sample corpus not found in {directory}: pass --from-archive path/to/data/sample-es-en"
-            )
-        return directory
+        return sample_corpus_dir(self.name, options)
 
     def input_files(self, options):
         directory = self.corpus_dir(options)
