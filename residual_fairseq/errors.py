@@ -18,6 +18,7 @@ import signal
 import sys
 
 INTERRUPTED_EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+TERMINATED_EXIT_STATUS = 143  # 128 + SIGTERM
 # Third-party loggers that talk at DEBUG/INFO about their own internals.
 NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "h5py", "numexpr")
 
@@ -37,16 +38,28 @@ def interrupted_while_starting(signum, frame):
     os._exit(INTERRUPTED_EXIT_STATUS)
 
 
+def terminated_while_starting(signum, frame):
+    """SIGTERM handler while a command starts or ends: one line, exit 143, now."""
+    os.write(2, b"error: terminated\n")
+    os._exit(TERMINATED_EXIT_STATUS)
+
+
 def quiet_interrupts() -> None:
-    """Ctrl-C is one line and exit 130 at once (:func:`interrupted_while_starting`)."""
+    """Ctrl-C is one line and exit 130 at once (:func:`interrupted_while_starting`), and
+    SIGTERM one line and exit 143 (unless something set SIGTERM's handler before us)."""
     try:
         signal.signal(signal.SIGINT, interrupted_while_starting)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, terminated_while_starting)
     except ValueError:  # not the main thread
         pass
 
 
 def catch_interrupts() -> bool:
-    """Ctrl-C raises KeyboardInterrupt again (undoes :func:`quiet_interrupts`); whether it was quiet."""
+    """Ctrl-C raises KeyboardInterrupt again and SIGTERM has its default action (undoes
+    :func:`quiet_interrupts`); whether Ctrl-C was quiet."""
+    if signal.getsignal(signal.SIGTERM) is terminated_while_starting:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if signal.getsignal(signal.SIGINT) is interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         return True

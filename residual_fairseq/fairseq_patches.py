@@ -19,7 +19,8 @@ def install() -> None:
     """Make every global change importing the plugin makes; safe to call again. In order:
 
     1. Ctrl-C while a ``residual-fairseq-*`` command (``python scripts/X.py``,
-       ``python -m residual_fairseq...``) starts is ``error: interrupted``, exit 130:
+       ``python -m residual_fairseq...``) starts is ``error: interrupted``, exit 130, and
+       SIGTERM ``error: terminated``, exit 143 (unless SIGTERM's handler was set before):
        importing fairseq takes seconds before the command's ``cli_main`` can catch it
        (:func:`exit_quietly_on_interrupt_while_starting`; first, before any other import;
        ``cli_main`` gives Python's KeyboardInterrupt back while the command's main runs,
@@ -95,7 +96,7 @@ def _is_project_command(argv, orig_argv=()) -> bool:
 
 def exit_quietly_on_interrupt_while_starting() -> None:
     """In a project command (:func:`_is_project_command`), make Ctrl-C during start-up one
-    line and exit 130.
+    line and exit 130 (SIGTERM: one line, exit 143).
 
     Importing fairseq takes seconds, and it happens when the console script imports this
     package, before :func:`residual_fairseq.errors.cli_main` can catch KeyboardInterrupt.

@@ -282,7 +282,7 @@ CONSOLE_COMMANDS = ("prepare", "train", "evaluate", "average-checkpoints", "conv
                     "translate", "analyze", "benchmark")
 
 
-def interrupted_after_start(command, delay, tmp_path):
+def interrupted_after_start(command, delay, tmp_path, signum=None):
     """(exit status, stdout, stderr) of ``command`` sent SIGINT ``delay`` s after it starts
     importing fairseq. (Python's own start-up before that, site-packages' .pth files
     included, runs before any code of the package can: see docs/reliability.md.)"""
@@ -306,7 +306,7 @@ def interrupted_after_start(command, delay, tmp_path):
     finally:
         os.close(started)
     time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT if signum is None else signum)
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err
 
@@ -320,6 +320,19 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line(delay, tmp_path):
 
     status, out, err = interrupted_after_start([fairseq_cli("residual-fairseq-translate"), "--help"], delay, tmp_path)
     assert (status, err.strip().splitlines(), out) == (130, ["error: interrupted"], ""), (delay, status, err[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0, 0.01, 0.1, 1.0])
+def test_sigterm_at_any_moment_of_the_start_is_one_line(delay, tmp_path):
+    """SIGTERM while the command starts (before its main can act on it): 'error: terminated', exit 143."""
+    import signal
+
+    from helpers import fairseq_cli
+
+    status, out, err = interrupted_after_start([fairseq_cli("residual-fairseq-translate"), "--help"], delay, tmp_path,
+                                               signal.SIGTERM)
+    assert (status, err.strip().splitlines(), out) == (143, ["error: terminated"], ""), (delay, status, err[-2000:])
 
 
 @pytest.mark.slow
@@ -338,22 +351,24 @@ def test_ctrl_c_while_a_command_reports_or_exits_is_one_line(monkeypatch):
     runs; before and after (reporting an error, exiting), Ctrl-C is the start-up one line."""
     import signal
 
-    from residual_fairseq.errors import cli_main, interrupted_while_starting, quiet_interrupts
+    from residual_fairseq.errors import cli_main, interrupted_while_starting, quiet_interrupts, terminated_while_starting
 
     monkeypatch.setattr(sys, "argv", ["residual-fairseq-x"])
-    seen = []
+    seen, seen_term = [], []
 
     @cli_main
     def main(argv=None):
         seen.append(signal.getsignal(signal.SIGINT))
+        seen_term.append(signal.getsignal(signal.SIGTERM))
         if argv:
             raise KeyboardInterrupt
 
-    previous = signal.getsignal(signal.SIGINT)
+    previous, previous_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         quiet_interrupts()
+        assert signal.getsignal(signal.SIGTERM) is terminated_while_starting
         main([])
-        assert seen == [signal.default_int_handler]
+        assert seen == [signal.default_int_handler] and seen_term == [signal.SIG_DFL]
         assert signal.getsignal(signal.SIGINT) is interrupted_while_starting
         with pytest.raises(SystemExit) as ended:
             main(["interrupted"])
@@ -364,6 +379,7 @@ def test_ctrl_c_while_a_command_reports_or_exits_is_one_line(monkeypatch):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def test_user_errors_in_fairseq_commands_are_one_line(monkeypatch, capsys):
