@@ -7,7 +7,7 @@ from typing import List
 from .. import configs
 from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, refuse_repeats, same_file, shell_words
 from ..errors import UserError, cli_main
-from ..passthrough import split_passthrough
+from ..passthrough import flag_given, flag_value, split_passthrough
 from ..run_inputs import data_input_files
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
@@ -73,7 +73,36 @@ def build_parser():
     parser.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # a --jobs run: its parent reports
     parser.add_argument("--report-only", action="store_true", help="only (re)write the tables and plot")
     parser.add_argument("--dry-run", action="store_true", help="print every command without running")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="train without learning-rate warm-up: the rate starts at its peak and decays as it "
+                             "does after warm-up (fairseq: --warmup-init-lr equal to --lr; the paper's warm-up "
+                             "ablation, docs/results/fair-comparison.md)")
     return parser
+
+
+def no_warmup_flags(datasets, passthrough) -> List[str]:
+    """The fairseq-train flags of ``--no-warmup``: ``--warmup-init-lr`` at the peak learning rate
+    (``-- --lr`` if given, else the datasets' config's), so that inverse_sqrt starts at the peak,
+    stays there for the warm-up updates and then decays as it would have after warm-up."""
+    for flag in ("--warmup-init-lr", "--lr-scheduler"):
+        if flag_given(passthrough, flag):
+            raise UserError(f"--no-warmup sets the warm-up itself: drop {flag} after --")
+    peaks = {}
+    for dataset in datasets:
+        base = configs.read_yaml(configs.dataset_dir(dataset) / "base.yaml")
+        scheduler = base.get("lr_scheduler", {}).get("_name")
+        if scheduler != "inverse_sqrt":
+            raise UserError(f"--no-warmup needs the inverse_sqrt learning-rate schedule; {dataset}'s config "
+                            f"uses {scheduler}")
+        peaks[dataset] = base["optimization"]["lr"][0]
+    peak = flag_value(passthrough, "--lr")
+    if peak is None:
+        if len(set(peaks.values())) > 1:
+            raise UserError("--no-warmup: the datasets' configs peak at different learning rates ("
+                            + ", ".join(f"{name} {lr:g}" for name, lr in peaks.items())
+                            + "): run them separately, or give one with -- --lr")
+        peak = f"{next(iter(peaks.values())):g}"
+    return ["--warmup-init-lr", peak]
 
 
 
@@ -121,6 +150,8 @@ def main(argv=None):
     args = build_parser().parse_args(ours)
     check_output_dir(args.out, "--out")
     check_passthrough(passthrough)
+    if args.no_warmup:
+        passthrough = passthrough + no_warmup_flags(args.dataset, passthrough)
     check_evaluation_options(args.dataset, args.beam, args.generate_args)
     # A value given twice would be trained once and tabulated twice (two "seeds" of one run).
     for flag, values in (("--dataset", args.dataset), ("--variants", args.variants or ()),

@@ -942,3 +942,36 @@ def test_reports_never_replace_a_file_the_run_reads(tmp_path, capsys):
                     f"{tmp_path / 'corpus' / 'results.md'}: choose another --out"), line
     assert (tmp_path / "corpus" / "results.md").read_text() == "the corpus' results.md\n"
     assert not (tmp_path / "corpus" / "runs").exists()
+
+
+def test_no_warmup_starts_every_run_at_the_peak_learning_rate(toy_data_bin, tmp_path, capsys):
+    """Issue 37's warm-up ablation: --no-warmup is fairseq's inverse_sqrt with --warmup-init-lr at the
+    peak (the config's --lr, or the one given after --): constant for the warm-up updates, then the
+    same decay as with warm-up."""
+    from residual_fairseq.reproduce.cli import no_warmup_flags
+
+    assert no_warmup_flags(["sample-es-en"], []) == ["--warmup-init-lr", "0.005"]
+    assert no_warmup_flags(["iwslt14-de-en"], []) == ["--warmup-init-lr", "0.0005"]
+    assert no_warmup_flags(["sample-es-en", "iwslt14-de-en"], ["--lr", "1e-3"]) == ["--warmup-init-lr", "1e-3"]
+    argv = ["--dataset", "sample-es-en", "--data", str(toy_data_bin), "--variants", "resi_dual", "--layers", "1",
+            "--out", str(tmp_path / "out"), "--dry-run", "--no-warmup"]
+    reproduce.main(argv)
+    command = next(line for line in capsys.readouterr().out.splitlines() if "fairseq-train" in line)
+    assert command.endswith("--warmup-updates 200 --warmup-init-lr 1e-07 --warmup-init-lr 0.005"), command
+
+
+@pytest.mark.parametrize("datasets, extra, refusal", [
+    (["sample-es-en"], ["--warmup-init-lr", "1e-7"], "--no-warmup sets the warm-up itself: drop --warmup-init-lr after --"),
+    (["sample-es-en"], ["--lr-scheduler=cosine"], "--no-warmup sets the warm-up itself: drop --lr-scheduler after --"),
+    (["wikitext-103"], [], "--no-warmup needs the inverse_sqrt learning-rate schedule; wikitext-103's config uses cosine"),
+    (["sample-es-en", "iwslt14-de-en"], [], "--no-warmup: the datasets' configs peak at different learning rates "
+                                             "(sample-es-en 0.005, iwslt14-de-en 0.0005): run them separately, "
+                                             "or give one with -- --lr"),
+])
+def test_no_warmup_refuses_what_contradicts_it(datasets, extra, refusal):
+    from residual_fairseq.errors import UserError
+    from residual_fairseq.reproduce.cli import no_warmup_flags
+
+    with pytest.raises(UserError) as refused:
+        no_warmup_flags(datasets, extra)
+    assert str(refused.value) == refusal
