@@ -9,6 +9,7 @@ from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, r
 from ..errors import UserError, cli_main
 from ..passthrough import flag_given, flag_value, split_passthrough
 from ..run_inputs import data_input_files
+from ..run_record import read_any_run_record
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
 from .records import read_finished_runs
@@ -131,6 +132,21 @@ def refuse_reports_over_inputs(out: Path, data: dict, finished_paths) -> None:
                 raise UserError(f"--out {out}: its {name} would overwrite {role} {path}: choose another --out")
 
 
+def refuse_finished_runs_of_other_flags(runs: List[Run], passthrough) -> None:
+    """UserError when a run finished in this --out was trained with other flags after -- than
+    this command's (its run.json records them): its numbers would be tabulated as this matrix's."""
+    for run in runs:
+        if not run.finished_here:
+            continue
+        record = read_any_run_record(run.save_dir)
+        recorded = record.get("extra_args") if isinstance(record, dict) else None
+        if isinstance(recorded, list) and recorded != list(passthrough):
+            raise UserError(f"{run.label} finished in {run.save_dir} with other fairseq flags "
+                            f"(-- {shlex.join(map(str, recorded)) or 'none'}) than this command's "
+                            f"(-- {shlex.join(passthrough) or 'none'}): its numbers would be tabulated as this "
+                            f"matrix's; give the same flags, or another --out")
+
+
 def say_where_runs_come_from(runs: List[Run], finished_elsewhere: dict) -> None:
     """A note for records this matrix leaves out, and for runs finished both here and elsewhere."""
     keys = {(run.dataset, run.variant, run.layers, run.seed) for run in runs}
@@ -164,6 +180,8 @@ def main(argv=None):
     refuse_reports_over_inputs(Path(args.out), data, args.finished_runs)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
+    if not args.report_only:
+        refuse_finished_runs_of_other_flags(runs, passthrough)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:

@@ -975,3 +975,25 @@ def test_no_warmup_refuses_what_contradicts_it(datasets, extra, refusal):
     with pytest.raises(UserError) as refused:
         no_warmup_flags(datasets, extra)
     assert str(refused.value) == refusal
+
+
+def test_a_run_finished_with_other_fairseq_flags_is_not_tabulated_as_this_matrix(tmp_path, capsys):
+    """Issue 38 (a repeated input silently changing a result): a rerun over the same --out with other
+    flags after -- (another --lr, --no-warmup) skipped the finished runs and tabulated their numbers as
+    if they had been trained with the new flags."""
+    data = tmp_path / "sample-es-en" / "bin"
+    data.mkdir(parents=True)
+    [run_] = reproduce.matrix({"sample-es-en": data}, tmp_path / "out", ["resi_dual"], layers=[1])
+    _finished(run_, 12.5, 40.0)
+    (run_.save_dir / "run.json").write_text(json.dumps({"name": "resi_dual-1l", "extra_args": ["--lr", "1e-3"]}))
+    argv = ["--dataset", "sample-es-en", "--data", str(data), "--variants", "resi_dual", "--layers", "1",
+            "--out", str(tmp_path / "out"), "--dry-run"]
+    line = user_error(capsys, reproduce.main, argv + ["--", "--lr", "2e-3"])
+    assert line == (f"error: sample-es-en resi_dual 1L seed 1 finished in {run_.save_dir} with other fairseq flags "
+                    "(-- --lr 1e-3) than this command's (-- --lr 2e-3): its numbers would be tabulated as this "
+                    "matrix's; give the same flags, or another --out"), line
+    assert "with other fairseq flags (-- --lr 1e-3) than this command's (-- --warmup-init-lr 0.005)" in user_error(
+        capsys, reproduce.main, argv + ["--no-warmup"])
+    reproduce.main(argv + ["--", "--lr", "1e-3"])  # the same flags: the finished run is skipped and tabulated
+    assert "1 runs (1 finished)" in capsys.readouterr().out
+    reproduce.main(argv[:-1] + ["--report-only"])  # tabulating what is there asks no flags
