@@ -17,21 +17,13 @@ from fairseq import models, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
+from helpers.formula import randomise_norms
 from residual_fairseq.models.lm import FAIRSEQ_PRESET_OF, ResiDualLanguageModel
 from residual_fairseq.models.postln_layers import ModelConfigError
 from residual_fairseq.variants import build_language_model, toy_dictionary
 
 SMALL = dict(decoder_embed_dim=32, decoder_ffn_embed_dim=48, decoder_attention_heads=4, decoder_layers=3,
              share_decoder_input_output_embed=True)
-
-
-def randomise_norms(model):
-    # Fresh LayerNorms are the identity affine map; random ones catch a swapped norm.
-    torch.manual_seed(0)
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.weight.data.uniform_(0.5, 1.5)
-            module.bias.data.normal_(0, 0.1)
 
 
 def final_dual_norm(decoder):
