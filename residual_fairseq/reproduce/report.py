@@ -4,7 +4,8 @@
 
     OUT/results.md  OUT/results.csv    mean ± std over seeds per dataset, variant, depth; seeds
                                        that did not learn or failed are named apart (the markdown
-                                       adds which differences are beyond seed noise)
+                                       adds which differences are beyond seed noise, Holm-corrected,
+                                       and where validation loss and BLEU rank variants differently)
     OUT/runs.md     OUT/runs.json      every run as it stands, seed by seed (records.run_record)
     OUT/curves.png                     validation loss and BLEU against updates
 
@@ -107,19 +108,36 @@ def summarize(runs: List["Run"], not_learned: Optional[set] = None) -> List[dict
     return rows
 
 
-# The test metrics compared across variants for seed noise, and which way is better.
+# The metrics compared across variants for seed noise, and which way is better. The best
+# validation loss is the number the learning rate and checkpoint are chosen by; the test
+# numbers are what the tables report.
 NOISE_METRICS = {"test_bleu": ("test sacreBLEU", max), "test_chrf": ("test chrF", max),
-                 "test_ppl": ("test perplexity", min)}
+                 "best_valid_loss": ("best valid loss", min),
+                 "test_ppl": ("test perplexity", min), "best_valid_ppl": ("best valid perplexity", min)}
 NOISE_ALPHA = 0.05
 
 
-def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optional[set] = None) -> List[dict]:
-    """Per dataset, depth and test metric: each variant against the best one, by Welch's
-    t-test over their seeds (two-sided; seeds that did not learn are left out, and so are
-    variants with fewer than 2 finished seeds that learned).
+def holm(p_values: List[float]) -> List[float]:
+    """Holm's step-down adjustment of ``p_values`` (one family of tests): the i-th smallest p
+    times the number of tests not yet rejected, made monotone, capped at 1. A difference
+    survives the correction when its adjusted p is below alpha. nan (a test that could not be
+    made) stays nan and does not count as a test."""
+    order = sorted((p, index) for index, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p_value, index) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p_value))
+        adjusted[index] = running
+    return adjusted
 
-    A difference is "beyond seed noise" when p < ``alpha``. No correction for the several
-    comparisons is made: with 3 seeds a test this small is a guide, not proof.
+
+def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optional[set] = None) -> List[dict]:
+    """Per dataset, depth and metric: each variant against the best one, by Welch's t-test over
+    their seeds (two-sided; seeds that did not learn are left out, and so are variants with
+    fewer than 2 finished seeds that learned).
+
+    The tests of one table (translation or language models: write_reports' two tables) are
+    one family, corrected by :func:`holm`: a difference is "beyond seed noise" when its
+    Holm-adjusted p is below ``alpha``; "uncorrected p < alpha only" when only its own p is.
     """
     values = {}  # (dataset, layers, metric) -> {variant: [one value per seed]}
     labels = {run.dataset: run_label(run) for run in runs}
@@ -146,25 +164,65 @@ def seed_noise(runs: List["Run"], alpha: float = NOISE_ALPHA, not_learned: Optio
             with warnings.catch_warnings():  # (nearly) identical seeds: scipy warns, and p is nan or 1
                 warnings.simplefilter("ignore", RuntimeWarning)
                 p_value = float(ttest_ind(seeded[best], seeds, equal_var=False).pvalue)
-            verdict = ("no spread to test" if math.isnan(p_value)
-                       else "beyond seed noise" if p_value < alpha else "within seed noise")
             rows.append({"dataset": dataset, "data": labels[dataset], "layers": layers, "metric": label, "best": best, "variant": variant,
-                         "difference": mean_std(seeds)[0] - mean_std(seeded[best])[0], "p": p_value,
-                         "verdict": verdict})
+                         "difference": mean_std(seeds)[0] - mean_std(seeded[best])[0], "p": p_value})
+    for family in (True, False):  # language models, translation: a table each
+        members = [row for row in rows if is_language_model(row["dataset"]) == family]
+        for row, adjusted in zip(members, holm([row["p"] for row in members])):
+            row["p_holm"] = adjusted
+            row["verdict"] = ("no spread to test" if math.isnan(row["p"])
+                              else "beyond seed noise" if adjusted < alpha
+                              else f"uncorrected p < {alpha:g} only" if row["p"] < alpha
+                              else "within seed noise")
     return rows
 
 
 def seed_noise_markdown(rows: List[dict]) -> str:
     if not rows:
         return ""
-    lines = [f"\nEach variant against the best, Welch's t-test over the seeds (two-sided, p < {NOISE_ALPHA}; "
-             "no correction for the several comparisons; seeds that did not learn and variants with one "
-             "finished seed are left out):\n",
-             "| dataset | layers | metric | best | variant | difference | p | verdict |", "|" + "---|" * 8]
+    tests = sum(not math.isnan(row["p"]) for row in rows)
+    lines = [f"\nEach variant against the best, Welch's t-test over the seeds (two-sided; seeds that did not "
+             f"learn and variants with one finished seed are left out). Holm's correction over the {tests} "
+             f"tests of this table: a difference is beyond seed noise when its corrected p is below "
+             f"{NOISE_ALPHA:g}.\n",
+             "| dataset | layers | metric | best | variant | difference | p | p (Holm) | verdict |", "|" + "---|" * 9]
     for row in rows:
-        p_value = "-" if math.isnan(row["p"]) else f"{row['p']:.3f}"
+        p_value, p_holm = ("-" if math.isnan(row[key]) else f"{row[key]:.3f}" for key in ("p", "p_holm"))
         lines.append(f"| {row.get('data', row['dataset'])} | {row['layers']} | {row['metric']} | {row['best']} | {row['variant']} | "
-                     f"{row['difference']:+.2f} | {p_value} | {row['verdict']} |")
+                     f"{row['difference']:+.{3 if 'loss' in row['metric'] else 2}f} | {p_value} | {p_holm} | {row['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def rank_disagreements(rows: List[dict]) -> List[dict]:
+    """Per dataset and depth of :func:`summarize`'s rows: every pair of variants that the mean
+    best validation loss ranks one way and the mean test sacreBLEU the other (the checkpoint
+    and the learning rate are chosen by the first, the tables report the second)."""
+    found = []
+    groups = {}
+    for row in rows:
+        if row.get("best_valid_loss_mean") is not None and row.get("test_bleu_mean") is not None:
+            groups.setdefault((row.get("data", row["dataset"]), row["layers"]), []).append(row)
+    for (data, layers), members in groups.items():
+        for number, first in enumerate(members):
+            for second in members[number + 1:]:
+                lower_loss, higher_loss = sorted((first, second), key=lambda row: row["best_valid_loss_mean"])
+                if (lower_loss["best_valid_loss_mean"] < higher_loss["best_valid_loss_mean"]
+                        and lower_loss["test_bleu_mean"] < higher_loss["test_bleu_mean"]):
+                    found.append({"data": data, "layers": layers, "lower_loss": lower_loss["variant"],
+                                  "higher_bleu": higher_loss["variant"],
+                                  "losses": (lower_loss["best_valid_loss_mean"], higher_loss["best_valid_loss_mean"]),
+                                  "bleus": (lower_loss["test_bleu_mean"], higher_loss["test_bleu_mean"])})
+    return found
+
+
+def rank_disagreements_markdown(found: List[dict]) -> str:
+    if not found:
+        return ""
+    lines = ["\nWhere validation loss and test BLEU rank two variants differently (means over the seeds that learned):\n"]
+    for item in found:
+        lines.append(f"- {item['data']}, {item['layers']} layers: {item['lower_loss']} has the lower best valid "
+                     f"loss ({item['losses'][0]:.3f} vs {item['losses'][1]:.3f}), {item['higher_bleu']} the higher "
+                     f"test sacreBLEU ({item['bleus'][1]:.2f} vs {item['bleus'][0]:.2f})")
     return "\n".join(lines) + "\n"
 
 
@@ -328,7 +386,8 @@ def write_reports(runs: List["Run"], out: Path) -> dict:
         write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS) + seed_noise_markdown(
             [row for row in noise if is_language_model(row["dataset"])]))
         write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
-    translation_noise = seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
+    translation_noise = (seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
+                         + rank_disagreements_markdown(rank_disagreements(rows)))
     for key, text in (("markdown", markdown_table(rows) + translation_noise), ("csv", csv_table(rows))):
         write_text_atomically(paths[key], text)
     records = [run_record(run, _key(run) in not_learned) for run in runs]
