@@ -201,16 +201,16 @@ def record_problem(record: dict) -> Optional[str]:
     return None
 
 
-def read_finished_runs(paths) -> dict:
+def read_finished_runs(paths, what: str = "--finished-runs file") -> dict:
     """The finished runs of earlier runs.json files: ``{(dataset, variant, layers, seed): (record, path)}``.
 
     Unfinished and failed runs are left out (their checkpoints are where they ran). The
     same run finished in two files with different records is an error: which is right
-    cannot be told.
+    cannot be told. ``what``: how an error names a file that cannot be read.
     """
     found = {}
     for path in map(Path, paths):
-        raw = read_regular_file(path, FINISHED_RUNS_MAX_BYTES, "--finished-runs file", kind="runs.json")
+        raw = read_regular_file(path, FINISHED_RUNS_MAX_BYTES, what, kind="runs.json")
         try:
             records = json.loads(raw.decode("utf-8"))
         except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -83,10 +83,12 @@ def mean_std(values):
     return mean, math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1))
 
 
-def summarize(runs: List["Run"], not_learned: Optional[set] = None) -> List[dict]:
+def summarize(runs: List["Run"], not_learned: Optional[set] = None, extra_column=None) -> List[dict]:
     """One row per (dataset, variant, layers): mean ± std over the finished seeds that learned;
     seeds that did not learn (:func:`runs_that_did_not_learn`) are named in ``did_not_learn``,
-    failed ones in ``failed``. ``not_learned``: that set, when the caller has it already."""
+    failed ones in ``failed``. ``not_learned``: that set, when the caller has it already.
+    ``extra_column``: ``(label, {(dataset, variant, layers): text})``, a column of the caller's
+    for each row under ``label`` ("-" where it has no text; residual-fairseq-best-lr: the rate)."""
     groups = {}
     not_learned = runs_that_did_not_learn(runs) if not_learned is None else not_learned
     for run in runs:
@@ -102,6 +104,8 @@ def summarize(runs: List["Run"], not_learned: Optional[set] = None) -> List[dict
                "did_not_learn": "; ".join(f"seed {run.seed} ({metrics['test_bleu']:.2f} BLEU)"
                                           for run, metrics in finished if _key(run) in not_learned),
                "failed": "; ".join(f"seed {run.seed}: {run.failure}" for run in members if not run.finished)}
+        if extra_column is not None:
+            row[extra_column[0]] = extra_column[1].get((dataset, variant, layers)) or "-"
         for column, _ in metrics_for(dataset):
             row[f"{column}_mean"], row[f"{column}_std"] = mean_std([m[column] for m in metrics])
         rows.append(row)
@@ -237,27 +241,33 @@ def _outcome_columns(metrics):
     return (["did_not_learn"] if metrics is METRICS else []) + ["failed"]
 
 
-def markdown_table(rows: List[dict], metrics=METRICS) -> str:
+def markdown_table(rows: List[dict], metrics=METRICS, extra_label: Optional[str] = None) -> str:
+    """The rows of :func:`summarize`; ``extra_label``: the label of its ``extra_column``, shown after
+    the depth."""
     outcomes = _outcome_columns(metrics)
-    header = (["dataset", "variant", "layers", "seeds"] + [label for _, label in metrics]
+    extra = [extra_label] if extra_label else []
+    header = (["dataset", "variant", "layers"] + extra + ["seeds"] + [label for _, label in metrics]
               + [column.replace("_", " ") for column in outcomes])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row.get("data", row["dataset"]), row["variant"], str(row["layers"]), row["seeds"] or "-"]
+        cells = ([row.get("data", row["dataset"]), row["variant"], str(row["layers"])]
+                 + [row[label].replace("|", "/") for label in extra] + [row["seeds"] or "-"])
         cells += [_cell(row[f"{column}_mean"], row[f"{column}_std"]) for column, _ in metrics]
         cells += [row.get(column, "").replace("|", "/") or "-" for column in outcomes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: List[dict], metrics=METRICS) -> str:
+def csv_table(rows: List[dict], metrics=METRICS, extra_label: Optional[str] = None) -> str:
     buffer = io.StringIO()
-    fields = (["dataset", "variant", "layers", "seeds"] + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")]
-              + _outcome_columns(metrics))
+    extra = {extra_label.replace(" ", "_"): extra_label} if extra_label else {}  # field: the row's key
+    fields = (["dataset", "variant", "layers"] + list(extra) + ["seeds"]
+              + [f"{c}_{s}" for c, _ in metrics for s in ("mean", "std")] + _outcome_columns(metrics))
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        values = {**row, "dataset": row.get("data", row["dataset"])}  # the data's name (data_label)
+        values = {**row, "dataset": row.get("data", row["dataset"]),  # the data's name (data_label)
+                  **{field: row[key] for field, key in extra.items()}}
         writer.writerow({key: ("" if values[key] is None else values[key]) for key in fields})
     return buffer.getvalue()
 
@@ -370,11 +380,13 @@ def plot_curves(runs: List["Run"], path: Path, not_learned=frozenset()) -> Path:
 REPORT_NAMES = ("results.md", "results.csv", "results-lm.md", "results-lm.csv", "runs.md", "runs.json", "curves.png")
 
 
-def write_reports(runs: List["Run"], out: Path) -> dict:
+def write_reports(runs: List["Run"], out: Path, extra_column=None) -> dict:
     """results.md/.csv (mean ± std per variant; the markdown adds which differences are beyond
-    seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths."""
+    seed noise), runs.md/.json (every run) and curves.png in ``out``; returns their paths.
+    ``extra_column``: a column per row of the tables (see :func:`summarize`)."""
     not_learned = runs_that_did_not_learn(runs)
-    rows = summarize(runs, not_learned)
+    rows = summarize(runs, not_learned, extra_column)
+    label = extra_column[0] if extra_column is not None else None
     noise = seed_noise(runs, not_learned=not_learned)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,12 +395,13 @@ def write_reports(runs: List["Run"], out: Path) -> dict:
     if lm_rows:  # language models get their own table (perplexities, not BLEU)
         rows = [row for row in rows if not is_language_model(row["dataset"])]
         paths["lm_markdown"], paths["lm_csv"] = out / "results-lm.md", out / "results-lm.csv"
-        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS) + seed_noise_markdown(
+        write_text_atomically(paths["lm_markdown"], markdown_table(lm_rows, LM_METRICS, label) + seed_noise_markdown(
             [row for row in noise if is_language_model(row["dataset"])]))
-        write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS))
+        write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS, label))
     translation_noise = (seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
                          + rank_disagreements_markdown(rank_disagreements(rows)))
-    for key, text in (("markdown", markdown_table(rows) + translation_noise), ("csv", csv_table(rows))):
+    for key, text in (("markdown", markdown_table(rows, METRICS, label) + translation_noise),
+                      ("csv", csv_table(rows, METRICS, label))):
         write_text_atomically(paths[key], text)
     records = [run_record(run, _key(run) in not_learned) for run in runs]
     paths["runs_markdown"], paths["runs_json"] = out / "runs.md", out / "runs.json"
