@@ -65,6 +65,7 @@ setup(
             "residual-fairseq-average-checkpoints = residual_fairseq.average_checkpoints:main",
             "residual-fairseq-convert = residual_fairseq.convert:main",
             "residual-fairseq-reproduce = residual_fairseq.reproduce:main",
+            "residual-fairseq-best-lr = residual_fairseq.reproduce.best_lr:main",
             "residual-fairseq-finetune = residual_fairseq.finetune:main",
             "residual-fairseq-translate = residual_fairseq.translate:main",
             "residual-fairseq-analyze = residual_fairseq.analysis:main",
