@@ -19,7 +19,9 @@ CLI::
 
 The package, by concept: :mod:`.runs` (the run model and the matrix), :mod:`.schedule`
 (training and evaluating runs, one or several at a time), :mod:`.records` (a run's numbers
-and runs.json records), :mod:`.report` (tables and curves), :mod:`.cli`.
+and runs.json records), :mod:`.report` (tables and curves), :mod:`.cli`; :mod:`.best_lr`
+(residual-fairseq-best-lr: each variant at its own best learning rate, over matrices run one
+per rate) uses them and is imported by none.
 """
 from ..errors import UserError
 from .cli import build_parser, finished_runs, main, parse_data, say_where_runs_come_from
