@@ -7,7 +7,8 @@ tie going to the smaller rate. A row is chosen only when every rate has that run
 it is incomplete, naming the rates it lacks; a run that did not learn is compared by its loss
 like any other, and named. ``--check-epochs K`` ranks the rates again by each run's lowest loss
 of epochs 1-K and says whether that agrees with the full runs (a shortened selection is allowed
-only where it does); a run with fewer than K validations there makes it "cannot tell". Writes
+only where it does); a run with fewer than K validations there that patience did not end (a
+shorter budget) makes it "cannot tell". Writes
 selection.md/.json (the losses, choices, checks, and the reproduce flags for the other seeds at
 each chosen rate) and report.write_reports of the chosen rate's runs, a column naming the rate.
 
@@ -151,7 +152,10 @@ def select(matrices, seed: int, check_epochs=None) -> list:
 def check(found: dict, full: list, epochs: int, matrices) -> dict:
     """Whether the first ``epochs`` epochs rank the rates as the full runs (``full``) do."""
     early = {given: [p for p in record["validations"] if p["epoch"] <= epochs] for given, record in found.items()}
-    short = next((given for given in full if len(early[given]) < epochs), None)
+    # Fewer than K validations: a whole run when patience ended it (its first K epochs are all of
+    # it), else a run cut short (a shortened selection run of fewer epochs) that cannot tell.
+    short = next((given for given in full if len(early[given]) < epochs
+                  and not str(found[given].get("ended_by")).startswith("patience")), None)
     if short is not None:
         return {"verdict": "cannot tell", "why": f"{short} has {len(early[short])} validations in epochs 1-{epochs}"}
     order = ranking({given: best(points)[0] for given, points in early.items()}, matrices)

@@ -8,13 +8,13 @@ from helpers import user_error
 from residual_fairseq.reproduce import best_lr
 
 
-def record(variant, seed, losses, bleu=20.0, layers=6, status="finished"):
+def record(variant, seed, losses, bleu=20.0, layers=6, status="finished", ended_by="patience 5"):
     """A finished run's runs.json record (as records.run_record writes it), one validation per loss."""
     validations = [{"epoch": epoch, "updates": 100 * epoch, "loss": loss, "bleu": None}
                    for epoch, loss in enumerate(losses, 1)]
     low = min(reversed(validations), key=lambda point: point["loss"])
     return {"dataset": "sample-es-en", "variant": variant, "layers": layers, "seed": seed, "status": status,
-            "epochs": len(losses), "ended_by": "patience 5", "best_valid_loss": low["loss"], "best_epoch": low["epoch"],
+            "epochs": len(losses), "ended_by": ended_by, "best_valid_loss": low["loss"], "best_epoch": low["epoch"],
             "test_bleu": bleu, "test_chrf": 40.0, "checkpoint": "checkpoint_best.pt", "beam": 5,
             "validations": validations}
 
@@ -109,15 +109,19 @@ def test_a_tie_goes_to_the_smaller_rate_whatever_the_order_given(tmp_path):
 def test_check_epochs_says_whether_the_first_epochs_rank_the_rates_as_the_full_runs(tmp_path, capsys):
     """With --check-epochs 3: pre_ln's first 3 epochs rank the rates as its full runs (agrees);
     resi_dual's 2e-3 leads after 3 epochs, 1e-3 in the end (disagrees); b2t's choice holds but the
-    others swap (same choice, other order); post_ln's 5e-3 run stopped after 2 validations (cannot tell)."""
+    others swap (same choice, other order); post_ln's 5e-3 run was cut by its budget after 2
+    validations (cannot tell); admin's 5e-3 run ended by patience after 2 (its first 3 epochs are
+    the whole run: agrees)."""
     losses = {  # variant: {rate: validation losses}
         "pre_ln": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [6.5, 6.0, 5.5, 5.0]},
         "resi_dual": {"1e-3": [6.0, 5.5, 5.0, 4.3], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [6.5, 6.0, 5.5, 5.0]},
         "b2t": {"1e-3": [5.0, 4.9, 4.8, 4.2], "2e-3": [6.0, 5.9, 5.5, 4.5], "5e-3": [6.0, 5.8, 5.2, 4.6]},
         "post_ln": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [5.0, 4.9]},
+        "admin": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [8.0, 8.1]},
     }
-    matrices = {rate: write_matrix(tmp_path / f"lr-{rate}", [record(variant, 1, by_rate[rate])
-                                                             for variant, by_rate in losses.items()])
+    matrices = {rate: write_matrix(tmp_path / f"lr-{rate}", [
+        record(variant, 1, by_rate[rate], ended_by="budget" if (variant, rate) == ("post_ln", "5e-3") else "patience 5")
+        for variant, by_rate in losses.items()])
                 for rate in ("1e-3", "2e-3", "5e-3")}
     choose(matrix_flags(matrices) + ["--out", tmp_path / "best", "--check-epochs", "3"])
     rows = selection(tmp_path / "best")
@@ -127,6 +131,7 @@ def test_check_epochs_says_whether_the_first_epochs_rank_the_rates_as_the_full_r
     assert rows[("b2t", 6)]["check"] == {"verdict": "same choice, other order", "ranking": ["1e-3", "5e-3", "2e-3"]}
     assert rows[("post_ln", 6)]["chosen"] == "2e-3"  # the full runs choose without the check
     assert rows[("post_ln", 6)]["check"]["verdict"] == "cannot tell"
+    assert rows[("admin", 6)]["check"] == {"verdict": "agrees", "ranking": ["2e-3", "1e-3", "5e-3"]}
     text = (tmp_path / "best" / "selection.md").read_text()
     assert table_row(text, "resi_dual").endswith("| 1e-3 | disagrees (2e-3 < 1e-3 < 5e-3) |")
     assert table_row(text, "post_ln").endswith("| 2e-3 | cannot tell (5e-3 has 2 validations in epochs 1-3) |")
