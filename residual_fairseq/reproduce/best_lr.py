@@ -136,7 +136,13 @@ def select(matrices, seed: int, check_epochs=None) -> list:
         found = {m.given: m.records.get((dataset, variant, layers, seed), (None, None))[0] for m in matrices}
         runs = {given: {"best_valid_loss": low[0], "best_epoch": low[1], "status": record["status"]}
                 for given, record in found.items() if record and (low := best(record["validations"]))}
-        data = next(record.get("data") for record in found.values() if record) if any(found.values()) else None
+        # The data each matrix trained this row on (an older record names none: the config's own).
+        names = {record.get("data") or dataset for m in matrices for key, (record, _) in m.records.items()
+                 if key[:3] == (dataset, variant, layers)}
+        if len(names) > 1:  # one config, several corpora: their losses are not comparable
+            raise UserError(f"{dataset} {variant} {layers}L was trained on different data in the matrices ("
+                            + ", ".join(sorted(map(str, names))) + "): give matrices of one corpus")
+        data = next(iter(names))
         row = {"dataset": dataset, "data": data_label(dataset, data), "variant": variant, "layers": layers,
                "runs": runs, "missing": [m.given for m in matrices if m.given not in runs],
                "chosen": None, "ranking": None, "check": None}

@@ -238,3 +238,19 @@ def test_an_out_holding_a_matrixs_runs_is_refused(tmp_path, capsys):
                                              "--out", tmp_path / "best"], only_line=True)
     assert line == f"error: --out {tmp_path / 'best'} holds a reproduce matrix's runs/: choose another --out"
     assert [path.name for path in (tmp_path / "best").iterdir()] == ["runs"]
+
+
+def test_matrices_of_different_data_are_refused(tmp_path, capsys):
+    """The same config trained on two corpora (runs.json names each run's data): their losses say
+    nothing about the rate, so choosing between them is refused."""
+    theirs = dict(record("pre_ln", 1, [4.4]), data="my-corpus")
+    write_matrix(tmp_path / "a", [record("pre_ln", 1, [4.6])])
+    write_matrix(tmp_path / "b", [theirs])
+    line = user_error(capsys, best_lr.main, ["--matrix", f"1e-3={tmp_path / 'a'}", "--matrix", f"2e-3={tmp_path / 'b'}",
+                                             "--out", str(tmp_path / "best")])
+    assert "pre_ln 6L was trained on different data in the matrices" in line and "my-corpus" in line
+    assert not (tmp_path / "best").exists()
+    # A record naming the config's own data, beside an older one that names none: the same data.
+    write_matrix(tmp_path / "b", [dict(record("pre_ln", 1, [4.4]), data="sample-es-en")])
+    best_lr.main(["--matrix", f"1e-3={tmp_path / 'a'}", "--matrix", f"2e-3={tmp_path / 'b'}", "--out", str(tmp_path / "best")])
+    assert "| sample-es-en | pre_ln | 6 | 4.600 (1) | 4.400 (1) | 2e-3 |" in (tmp_path / "best" / "selection.md").read_text()
