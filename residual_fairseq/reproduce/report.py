@@ -400,7 +400,10 @@ def write_reports(runs: List["Run"], out: Path, extra_column=None) -> dict:
         write_text_atomically(paths["lm_csv"], csv_table(lm_rows, LM_METRICS, label))
     translation_noise = (seed_noise_markdown([row for row in noise if not is_language_model(row["dataset"])])
                          + rank_disagreements_markdown(rank_disagreements(rows)))
-    for key, text in (("markdown", markdown_table(rows, METRICS, label) + translation_noise),
+    # A matrix of language models only: results.md says where its table is, not an empty table.
+    translation_table = (markdown_table(rows, METRICS, label) if rows or not lm_rows
+                         else "No translation runs in this matrix: the language models' table is results-lm.md.\n")
+    for key, text in (("markdown", translation_table + translation_noise),
                       ("csv", csv_table(rows, METRICS, label))):
         write_text_atomically(paths[key], text)
     records = [run_record(run, _key(run) in not_learned) for run in runs]

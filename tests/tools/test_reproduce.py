@@ -876,6 +876,10 @@ def test_a_language_model_record_goes_round_trip(tmp_path):
     assert json.loads(paths["runs_json"].read_text()) == [record]
     assert "| sample-lm | resi_dual | 2 | 1 | 180.50 | 7.50 | 181.02 |" in paths["lm_markdown"].read_text()
     assert len(run_records.read_finished_runs([part1, paths["runs_json"]])) == 1
+    # Language models only: results.md points at their table instead of showing an empty BLEU table.
+    assert paths["markdown"].read_text() == ("No translation runs in this matrix: the language models' table "
+                                             "is results-lm.md.\n")
+    assert paths["csv"].read_text().startswith("dataset,variant,layers,seeds,test_bleu_mean")
 
 
 def test_a_value_given_twice_is_refused_not_tabulated_twice(tmp_path, capsys):
