@@ -75,11 +75,9 @@ def measure(job: Job) -> dict:
     for batch in train[: job.warmup]:
         trainer.step(batch)
     timed = train[job.warmup:]
-    _synchronize(device)
-    start = time.perf_counter()
-    losses = [trainer.step(batch) for batch in timed]
-    _synchronize(device)
-    train_seconds = time.perf_counter() - start
+    with Stopwatch(device) as train_time:
+        losses = [trainer.step(batch) for batch in timed]
+    train_seconds = train_time.seconds
     peak_mib = memory.peak_mib()
 
     decode_seconds, sentences = _beam_decode(task, model, decode, job, device)
@@ -89,6 +87,8 @@ def measure(job: Job) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens_per_s": sum(b["ntokens"] for b in timed) / train_seconds,
         "train_seconds": train_seconds,
+        "train_wall_seconds": train_time.wall_seconds,
+        "timer": train_time.method,
         "last_loss": losses[-1],
         "peak_memory_mib": peak_mib,
         "memory_method": memory.method,
@@ -112,14 +112,12 @@ def _beam_decode(task, model, batches, job, device):
         generator = task.build_generator([model], Namespace(beam=job.beam, match_source_len=True))
     with torch.inference_mode(), autocast(device, job.precision):
         task.inference_step(generator, [model], batches[0])  # warm-up, not timed
-        _synchronize(device)
-        start = time.perf_counter()
         sentences = 0
-        for batch in batches:
-            hypotheses = task.inference_step(generator, [model], batch)
-            sentences += len(hypotheses)
-        _synchronize(device)
-    return time.perf_counter() - start, sentences
+        with Stopwatch(device) as decode_time:
+            for batch in batches:
+                hypotheses = task.inference_step(generator, [model], batch)
+                sentences += len(hypotheses)
+    return decode_time.seconds, sentences
 
 
 def _language_model_generation(task, model, batches, beam):
@@ -137,9 +135,34 @@ def _language_model_generation(task, model, batches, beam):
     return generator, prompts
 
 
-def _synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Stopwatch:
+    """The time of the block it wraps: on CUDA by CUDA events recorded on the device's stream
+    before and after it (the device's own clock: host-side jitter and the Python start of the
+    block do not count), elsewhere by ``time.perf_counter``; ``wall_seconds`` is the host's
+    time from start to the device being done, for comparison. On CUDA the events still count
+    the device's idle gaps between kernels: a launch-bound setting shows as tokens/s that grow
+    with the batch (benchmarks/cuda_throughput.sh checks this), not as a gap between the two."""
+
+    def __init__(self, device):
+        self.device = device
+        self.method = "cuda events" if device.type == "cuda" else "perf_counter"
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            self._events[0].record()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self._events[1].record()
+            torch.cuda.synchronize(self.device)
+        self.wall_seconds = time.perf_counter() - self._start
+        self.seconds = (self._events[0].elapsed_time(self._events[1]) / 1000.0 if self.device.type == "cuda"
+                        else self.wall_seconds)
+        return False
 
 
 def run_isolated(job: Job) -> dict:

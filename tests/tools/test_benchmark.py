@@ -192,3 +192,38 @@ def test_only_the_known_noise_is_kept_off_the_output(toy_data_bin, tmp_path, cap
           "--warmup-updates", "1", "--valid-batches", "1", "--threads", "1", "--variants", "resi_dual"])
     assert not [r for r in caplog.records if r.name.startswith("fairseq") and r.levelno < logging.WARNING]
     assert "dictionary:" not in capsys.readouterr().err
+
+
+def test_the_stopwatch_times_cuda_work_by_cuda_events_and_cpu_work_by_the_host_clock(monkeypatch):
+    """On CUDA the measured seconds are the device's: the elapsed time between two CUDA events
+    recorded around the block (here a stand-in device says 1,500 ms while the host waits ~0),
+    after synchronizing before and after; on CPU, perf_counter."""
+    import time
+
+    import torch
+    from residual_fairseq.benchmark.speed import Stopwatch
+
+    calls = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            calls.append("record")
+            self.at = len(calls)
+
+        def elapsed_time(self, end):
+            assert end.at > self.at
+            return 1500.0
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    with Stopwatch(torch.device("cuda")) as watch:
+        calls.append("work")
+    assert calls == ["sync", "record", "work", "record", "sync"]
+    assert watch.seconds == 1.5 and watch.method == "cuda events" and watch.wall_seconds < 1.0
+    with Stopwatch(torch.device("cpu")) as watch:
+        time.sleep(0.05)
+    assert watch.method == "perf_counter" and watch.seconds == watch.wall_seconds >= 0.05
