@@ -188,7 +188,11 @@ def build_parser():
     depth.add_argument("--width", type=positive_int, default=64, help="embedding dim (ffn 4x, 4 heads)")
     depth.add_argument("--updates", type=positive_int, default=300)
     depth.add_argument("--lr", type=positive_float, default=1e-3)
-    depth.add_argument("--warmup-updates", type=nonnegative_int, default=100)
+    depth.add_argument("--warmup-updates", type=positive_int, default=100,
+                       help="updates of linear warm-up to the peak --lr, then inverse_sqrt decay (default 100)")
+    depth.add_argument("--no-warmup", action="store_true",
+                       help="the paper's warm-up ablation: the peak --lr from the first update for "
+                            "--warmup-updates updates, then the same decay (as residual-fairseq-reproduce --no-warmup)")
     depth.add_argument("--valid-batches", type=positive_int, default=20)
     depth.add_argument("--log-interval", type=nonnegative_int, default=0,
                        help="also print each run's training loss every N updates (default 0: only its result)")
@@ -247,7 +251,7 @@ def run_benchmark(args, argv) -> int:
         report = run_depth_benchmark(
             args.data, depths, width=args.width, updates=args.updates,
             lr=args.lr, warmup_updates=args.warmup_updates, valid_batches=args.valid_batches,
-            seeds=parse_seeds(args.seeds), log_interval=args.log_interval, **common,
+            seeds=parse_seeds(args.seeds), log_interval=args.log_interval, warmup=not args.no_warmup, **common,
         )
         render = depth_report
     report["environment"] = started

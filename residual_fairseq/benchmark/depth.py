@@ -16,18 +16,25 @@ from .data import draw_batches, load_task
 from .training import Trainer, build_variant, check_precision, resolve_device, to_device
 
 
-def inverse_sqrt_schedule(warmup_updates):
-    """fairseq's ``inverse_sqrt`` as a multiplier of the peak lr (warm-up from ~0)."""
+def inverse_sqrt_schedule(warmup_updates, warmup=True):
+    """fairseq's ``inverse_sqrt`` as a multiplier of the peak lr: a linear warm-up from ~0 over
+    ``warmup_updates``, then ``sqrt(warmup_updates / update)``. ``warmup=False`` is the paper's
+    ablation as reproduce's --no-warmup runs it (fairseq: --warmup-init-lr equal to --lr): the
+    peak from the first update to ``warmup_updates``, then the same decay."""
+    if warmup_updates < 1:
+        raise UserError("--warmup-updates must be at least 1 (inverse_sqrt divides by it); "
+                        "for no warm-up give --no-warmup")
+
     def factor(update):
         update += 1
         if update < warmup_updates:
-            return update / warmup_updates
+            return update / warmup_updates if warmup else 1.0
         return math.sqrt(warmup_updates / update)
     return factor
 
 
 def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, device,
-              precision, seed, log_interval=0, progress=print) -> dict:
+              precision, seed, log_interval=0, progress=print, warmup=True) -> dict:
     torch.manual_seed(seed)
     model = build_variant(
         task, variant, "", encoder_layers=layers, decoder_layers=layers,
@@ -38,7 +45,7 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
     if needs_profile(variant):  # Admin: omegas from a profiling pass on the first training batch
         profile_omegas(model, train[:1], seed=seed)
     trainer = Trainer(task, model, device, precision, lr=lr,
-                      lr_schedule=inverse_sqrt_schedule(warmup_updates))
+                      lr_schedule=inverse_sqrt_schedule(warmup_updates, warmup))
     losses = []
     for batch in train:
         losses.append(trainer.step(batch))
@@ -59,10 +66,13 @@ def train_one(task, variant, layers, width, train, valid, lr, warmup_updates, de
 def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, updates=300,
                         lr=1e-3, warmup_updates=100, max_tokens=2048, valid_batches=20,
                         device="auto", precision="fp32", threads=None, seed=1, seeds=None,
-                        source_lang=None, target_lang=None, log_interval=0, progress=print) -> dict:
+                        source_lang=None, target_lang=None, log_interval=0, progress=print,
+                        warmup=True) -> dict:
     """Train every variant at every depth, for each seed (``seeds``, default ``[seed]``);
     returns settings and one row per run. A seed fixes the batches and every initialisation.
-    ``log_interval``: also report the training loss every that many updates (0: only each run's end)."""
+    ``log_interval``: also report the training loss every that many updates (0: only each run's end).
+    ``warmup=False``: no learning-rate warm-up (see :func:`inverse_sqrt_schedule`)."""
+    inverse_sqrt_schedule(warmup_updates, warmup)  # a warm-up it cannot follow fails before any run
     if updates < 1 or width < 4 or width % 4:
         raise UserError("--updates must be >= 1 and --width a positive multiple of 4 (4 heads)")
     seeds = list(seeds) if seeds else [seed]
@@ -80,14 +90,14 @@ def run_depth_benchmark(data, depths=(6, 12, 24), variants=VARIANTS, width=64, u
         for layers in depths:
             for variant in variants:
                 row = train_one(task, variant, layers, width, train, valid, lr, warmup_updates,
-                                device, precision, run_seed, log_interval, progress)
+                                device, precision, run_seed, log_interval, progress, warmup)
                 rows.append({**row, "seed": run_seed})
                 progress(f"seed {run_seed} L{layers} {variant}: loss {row['start_loss']:.3f} -> "
                          f"{row['final_loss']:.3f}, valid {row['valid_loss']:.3f}"
                          f"{' DIVERGED' if row['diverged'] else ''}")
     settings = {"data": str(data), "depths": list(depths), "variants": list(variants),
                 "width": width, "ffn": 4 * width, "heads": 4, "updates": updates, "lr": lr,
-                "warmup_updates": warmup_updates, "lr_scheduler": "inverse_sqrt",
+                "warmup_updates": warmup_updates, "warmup": warmup, "lr_scheduler": "inverse_sqrt",
                 "max_tokens": max_tokens, "valid_batches": len(valid), "device": str(device),
                 "precision": precision, "threads": torch.get_num_threads(), "seeds": seeds}
     return {"settings": settings, "rows": rows}

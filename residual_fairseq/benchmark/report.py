@@ -105,7 +105,9 @@ def depth_report(report, markdown=False) -> str:
     intro = (
         f"Depth stability: width {s['width']} (ffn {s['ffn']}, {s['heads']} heads), "
         f"{s['updates']} updates of max_tokens {s['max_tokens']}, Adam lr {s['lr']} with "
-        f"inverse_sqrt after {s['warmup_updates']} warm-up updates, seed{'s' if len(seeds) > 1 else ''} "
+        + (f"inverse_sqrt after {s['warmup_updates']} warm-up updates, " if s.get("warmup", True) else
+           f"no warm-up (the peak rate for the first {s['warmup_updates']} updates, then inverse_sqrt decay), ")
+        + f"seed{'s' if len(seeds) > 1 else ''} "
         f"{', '.join(str(seed) for seed in seeds)}, {s['device']} {s['precision']}. Losses in bits/token "
         f"(label-smoothed, as fairseq logs); final = mean of the last tenth of updates; valid on "
         f"{s['valid_batches']} batches. Diverged = NaN/inf or final loss not below the start."

@@ -227,3 +227,41 @@ def test_the_stopwatch_times_cuda_work_by_cuda_events_and_cpu_work_by_the_host_c
     with Stopwatch(torch.device("cpu")) as watch:
         time.sleep(0.05)
     assert watch.method == "perf_counter" and watch.seconds == watch.wall_seconds >= 0.05
+
+
+def test_no_warmup_starts_at_the_peak_and_decays_as_after_warm_up():
+    """The depth benchmark's schedule against fairseq's inverse_sqrt written out: with warm-up a
+    linear ramp to the peak at update W, then sqrt(W / t); without it (the paper's ablation, as
+    reproduce --no-warmup runs fairseq) the peak from the first update, then the same decay. A
+    warm-up of 0 updates is refused (it trained at lr 0: sqrt(0 / t))."""
+    from residual_fairseq.benchmark.depth import inverse_sqrt_schedule
+    from residual_fairseq.errors import UserError
+
+    warm, cold = inverse_sqrt_schedule(4), inverse_sqrt_schedule(4, warmup=False)
+    assert [warm(update) for update in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, (4 / 5) ** 0.5, (4 / 6) ** 0.5])
+    assert [cold(update) for update in range(6)] == pytest.approx([1.0, 1.0, 1.0, 1.0, (4 / 5) ** 0.5, (4 / 6) ** 0.5])
+    with pytest.raises(UserError, match="--warmup-updates must be at least 1"):
+        inverse_sqrt_schedule(0)
+
+
+def test_depth_benchmark_refuses_a_warm_up_of_zero_updates(tmp_path, capsys):
+    from helpers import user_error
+
+    line = user_error(capsys, main, ["depth", "--data", tmp_path, "--depths", "1", "--warmup-updates", "0"])
+    assert "--warmup-updates" in line
+
+
+@pytest.mark.slow
+def test_depth_benchmark_no_warmup_trains_at_the_peak_from_the_start(toy_data_bin, tmp_path, capsys):
+    """--no-warmup: the record and the table say so, and the first update's loss change differs
+    from the warm-up run's (its first step is taken at the peak rate, not a quarter of it)."""
+    tiny = ["depth", "--data", str(toy_data_bin), "--depths", "1", "--variants", "post_ln", "--width", "16",
+            "--updates", "3", "--warmup-updates", "4", "--valid-batches", "1", "--threads", "1"]
+    main([*tiny, "--no-warmup", "--json", str(tmp_path / "cold.json")])
+    table = capsys.readouterr().out
+    main([*tiny, "--json", str(tmp_path / "warm.json")])
+    cold, warm = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("cold", "warm"))
+    assert cold["settings"]["warmup"] is False and warm["settings"]["warmup"] is True
+    assert "no warm-up (the peak rate for the first 4 updates, then inverse_sqrt decay)" in table
+    assert cold["rows"][0]["start_loss"] == warm["rows"][0]["start_loss"]  # same model, same first batch
+    assert cold["rows"][0]["final_loss"] != warm["rows"][0]["final_loss"]
