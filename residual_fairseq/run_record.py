@@ -56,6 +56,14 @@ def recorded_name(save_dir) -> Optional[str]:
     return name if isinstance(name, str) else None
 
 
+def recorded_extra_args(save_dir) -> Optional[list]:
+    """The fairseq flags given after ``--`` that ``SAVE_DIR/run.json`` records (its
+    ``extra_args`` list, items unchecked), or None."""
+    record = read_any_run_record(save_dir)
+    extra = record.get("extra_args") if isinstance(record, dict) else None
+    return extra if isinstance(extra, list) else None
+
+
 def read_run_record(save_dir) -> Optional[dict]:
     """``SAVE_DIR/run.json`` (None when there is none), checked: it comes with a checkpoint
     someone handed over, so one that this tool did not write is a one-line UserError."""

@@ -32,8 +32,8 @@ from ..atomic import write_text_atomically
 from ..configs import config_name
 from ..errors import UserError, cli_main
 from ..passthrough import flag_value
-from ..run_record import read_any_run_record
-from .records import data_label, read_finished_runs
+from ..run_record import recorded_extra_args
+from .records import best_validation, data_label, read_finished_runs
 from .report import REPORT_NAMES, write_reports
 from .runs import matrix
 
@@ -97,9 +97,8 @@ def refuse_other_rate(m: Matrix) -> None:
     """UserError naming a run of ``m`` whose run.json says it trained at another rate: a
     mislabelled matrix would silently swap two rates' numbers."""
     for key in m.records:
-        record = read_any_run_record(m.save_dir(key))
-        extra = record.get("extra_args") if isinstance(record, dict) else None
-        lr = flag_value(extra, "--lr") if isinstance(extra, list) else None
+        extra = recorded_extra_args(m.save_dir(key))
+        lr = flag_value(extra, "--lr") if extra is not None else None
         if lr is not None and as_rate(lr) != m.rate:
             dataset, variant, layers, seed = key
             raise UserError(f"--matrix {m.given}={m.runs_json}: {dataset} {variant} {layers}L seed {seed} was "
@@ -117,8 +116,8 @@ def refuse_out_over_inputs(out: Path, matrices) -> None:
 
 
 def best(validations):
-    """(lowest loss, its epoch) of ``validations``, or None; the last of equal bests, as runs.json."""
-    low = min(reversed(validations), key=lambda point: point["loss"]) if validations else None
+    """(lowest loss, its epoch) of ``validations``, or None (records.best_validation: as runs.json)."""
+    low = best_validation(validations)
     return (low["loss"], low["epoch"]) if low else None
 
 
@@ -174,9 +173,8 @@ def reproduce_command(row, m: Matrix, selection_seed: int, seeds) -> str:
     -- that its selection run recorded (run.json) when it did."""
     words = ["--dataset", row["dataset"], "--data", "DATA", "--variants", row["variant"],
              "--layers", str(row["layers"]), "--seeds", *map(str, seeds), "--out", str(m.runs_json.parent)]
-    record = read_any_run_record(m.save_dir((row["dataset"], row["variant"], row["layers"], selection_seed)))
-    extra = record.get("extra_args") if isinstance(record, dict) else None
-    if isinstance(extra, list) and all(isinstance(word, str) for word in extra):
+    extra = recorded_extra_args(m.save_dir((row["dataset"], row["variant"], row["layers"], selection_seed)))
+    if extra is not None and all(isinstance(word, str) for word in extra):
         words += ["--", *extra]
     return "residual-fairseq-reproduce " + shlex.join(words)
 

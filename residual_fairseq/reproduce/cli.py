@@ -9,7 +9,7 @@ from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, r
 from ..errors import UserError, cli_main
 from ..passthrough import flag_given, flag_value, split_passthrough
 from ..run_inputs import data_input_files
-from ..run_record import read_any_run_record
+from ..run_record import recorded_extra_args
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
 from .records import read_finished_runs
@@ -138,9 +138,8 @@ def refuse_finished_runs_of_other_flags(runs: List[Run], passthrough) -> None:
     for run in runs:
         if not run.finished_here:
             continue
-        record = read_any_run_record(run.save_dir)
-        recorded = record.get("extra_args") if isinstance(record, dict) else None
-        if isinstance(recorded, list) and recorded != list(passthrough):
+        recorded = recorded_extra_args(run.save_dir)
+        if recorded is not None and recorded != list(passthrough):
             raise UserError(f"{run.label} finished in {run.save_dir} with other fairseq flags "
                             f"(-- {shlex.join(map(str, recorded)) or 'none'}) than this command's "
                             f"(-- {shlex.join(passthrough) or 'none'}): its numbers would be tabulated as this "

@@ -104,11 +104,16 @@ def how_training_ended(log_path: Path) -> Optional[str]:
     return ended
 
 
+def best_validation(curve) -> Optional[dict]:
+    """The validation with the lowest loss, the last of equal bests (fairseq rewrites
+    checkpoint_best.pt on a tie); None for no validation."""
+    return min(reversed(curve), key=lambda point: point["loss"]) if curve else None
+
+
 def run_record(run: "Run", did_not_learn: bool = False) -> dict:
     """One run as it stands: its status, every validation, where its best was, its test numbers."""
     curve = run.curve()
-    # The last of equal bests: fairseq rewrites checkpoint_best.pt on a tie.
-    best = min(reversed(curve), key=lambda point: point["loss"]) if curve else None
+    best = best_validation(curve)
     status = "finished" if run.finished else ("failed" if run.failure else ("unfinished" if curve else "not started"))
     record = {"dataset": run.dataset, **({"data": run.data_name} if getattr(run, "data_name", None) else {}),
               "variant": run.variant, "layers": run.layers, "seed": run.seed, "status": status, "epochs": curve[-1]["epoch"] if curve else None,
