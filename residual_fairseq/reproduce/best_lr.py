@@ -5,7 +5,9 @@ learning rate (an ``--out`` each); per (dataset, variant, layers), the rate whos
 ``--selection-seed`` run has the lowest best validation loss is chosen (never the test set), a
 tie going to the smaller rate. A row is chosen only when every rate has that run finished, else
 it is incomplete, naming the rates it lacks; a run that did not learn is compared by its loss
-like any other, and named. ``--check-epochs K`` ranks the rates again by each run's lowest loss
+like any other, and named. A choice is *budget-limited* where a rate it beat was ended by the
+epoch/update budget rather than by patience: that run may still have been improving, so a longer
+budget could change the choice (the chosen run's own budget can only lower its loss). ``--check-epochs K`` ranks the rates again by each run's lowest loss
 of epochs 1-K and says whether that agrees with the full runs (a shortened selection is allowed
 only where it does); a run with fewer than K validations there that patience did not end (a
 shorter budget) makes it "cannot tell". Writes
@@ -133,7 +135,8 @@ def select(matrices, seed: int, check_epochs=None) -> list:
     rows = []
     for dataset, variant, layers in keys:
         found = {m.given: m.records.get((dataset, variant, layers, seed), (None, None))[0] for m in matrices}
-        runs = {given: {"best_valid_loss": low[0], "best_epoch": low[1], "status": record["status"]}
+        runs = {given: {"best_valid_loss": low[0], "best_epoch": low[1], "status": record["status"],
+                        "ended_by": record.get("ended_by")}
                 for given, record in found.items() if record and (low := best(record["validations"]))}
         # The data each matrix trained this row on (an older record names none: the config's own).
         names = {record.get("data") or dataset for m in matrices for key, (record, _) in m.records.items()
@@ -144,10 +147,11 @@ def select(matrices, seed: int, check_epochs=None) -> list:
         data = next(iter(names))
         row = {"dataset": dataset, "data": data_label(dataset, data), "variant": variant, "layers": layers,
                "runs": runs, "missing": [m.given for m in matrices if m.given not in runs],
-               "chosen": None, "ranking": None, "check": None}
+               "chosen": None, "ranking": None, "check": None, "budget_limited": []}
         if not row["missing"]:
             row["ranking"] = ranking({given: run["best_valid_loss"] for given, run in runs.items()}, matrices)
             row["chosen"] = row["ranking"][0]
+            row["budget_limited"] = [given for given in row["ranking"][1:] if runs[given]["ended_by"] == "budget"]
             if check_epochs:
                 row["check"] = check(found, row["ranking"], check_epochs, matrices)
         rows.append(row)
@@ -179,6 +183,11 @@ def reproduce_command(row, m: Matrix, selection_seed: int, seeds) -> str:
     return "residual-fairseq-reproduce " + shlex.join(words)
 
 
+def budget_note(row) -> str:
+    limited = row.get("budget_limited")
+    return f" (budget-limited: {', '.join(limited)} ended by the budget)" if limited else ""
+
+
 def incomplete(row, seed: int) -> str:
     return f"no finished seed-{seed} run with validations at {', '.join(row['missing'])}"
 
@@ -187,7 +196,9 @@ def selection_markdown(rows, matrices, seed: int, check_epochs) -> str:
     rates = [m.given for m in matrices]
     lines = [f"# Each variant at its own best learning rate\n",
              f"Per row, the rate whose seed-{seed} run has the lowest best validation loss (its epoch in brackets; "
-             f"a run that did not learn is compared like any other); a tie goes to the smaller rate. Rates: "
+             f"a run that did not learn is compared like any other; \"budget\": the epoch/update budget ended it, "
+             f"not patience); a tie goes to the smaller rate. A choice is budget-limited where a rate it beat was "
+             f"ended by the budget: that run may still have been improving. Rates: "
              + ", ".join(f"{m.given} ({m.runs_json})" for m in matrices) + "."
              + (f" First {check_epochs} epochs: the rates ranked by each run's lowest validation loss of epochs "
                 f"1-{check_epochs}, against the full runs' ranking." if check_epochs else "") + "\n",
@@ -199,8 +210,9 @@ def selection_markdown(rows, matrices, seed: int, check_epochs) -> str:
         for given in rates:
             run = row["runs"].get(given)
             cells.append("-" if run is None else f"{run['best_valid_loss']:.3f} ({run['best_epoch']}"
+                         + (", budget" if run.get("ended_by") == "budget" else "")
                          + (", did not learn)" if run["status"] == "finished, did not learn" else ")"))
-        cells.append(row["chosen"] or f"incomplete: {incomplete(row, seed)}")
+        cells.append((row["chosen"] + budget_note(row)) if row["chosen"] else f"incomplete: {incomplete(row, seed)}")
         if check_epochs:
             verdict = row["check"] or {"verdict": "-"}
             cells.append(verdict["verdict"] + (f" ({verdict.get('why') or ' < '.join(verdict['ranking'])})"
@@ -262,7 +274,7 @@ def main(argv=None):
     paths = write_reports(runs, out, ("learning rate", rates))
     for row in rows:
         print(f"{row['data']} {row['variant']} {row['layers']}L: "
-              + (f"{row['chosen']} ({' < '.join(row['ranking'])})" if row["chosen"]
+              + (f"{row['chosen']} ({' < '.join(row['ranking'])}){budget_note(row)}" if row["chosen"]
                  else f"incomplete ({incomplete(row, args.selection_seed)})")
               + (f"; first {args.check_epochs} epochs: {row['check']['verdict']}" if row["check"] else ""))
     print(f"{len(rates)} of {len(rows)} rows chosen; wrote {out / 'selection.md'}, {out / 'selection.json'}, "

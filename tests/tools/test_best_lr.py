@@ -64,7 +64,8 @@ def test_each_row_takes_the_rate_of_its_lowest_seed_1_validation_loss_never_the_
     rows = selection(tmp_path / "best")
     assert rows[("pre_ln", 6)]["chosen"] == "2e-3" and rows[("pre_ln", 6)]["ranking"] == ["2e-3", "5e-3", "1e-3"]
     assert rows[("resi_dual", 6)]["chosen"] == "1e-3"
-    assert rows[("pre_ln", 6)]["runs"]["2e-3"] == {"best_valid_loss": 4.50, "best_epoch": 2, "status": "finished"}
+    assert rows[("pre_ln", 6)]["runs"]["2e-3"] == {"best_valid_loss": 4.50, "best_epoch": 2, "status": "finished",
+                                                   "ended_by": "patience 5"}
     text = (tmp_path / "best" / "selection.md").read_text()
     assert table_row(text, "pre_ln") == "| sample-es-en | pre_ln | 6 | 4.600 (2) | 4.500 (2) | 4.520 (2) | 2e-3 |"
     assert table_row(text, "resi_dual") == ("| sample-es-en | resi_dual | 6 | 4.400 (2) | 4.450 (2) | "
@@ -134,8 +135,32 @@ def test_check_epochs_says_whether_the_first_epochs_rank_the_rates_as_the_full_r
     assert rows[("admin", 6)]["check"] == {"verdict": "agrees", "ranking": ["2e-3", "1e-3", "5e-3"]}
     text = (tmp_path / "best" / "selection.md").read_text()
     assert table_row(text, "resi_dual").endswith("| 1e-3 | disagrees (2e-3 < 1e-3 < 5e-3) |")
-    assert table_row(text, "post_ln").endswith("| 2e-3 | cannot tell (5e-3 has 2 validations in epochs 1-3) |")
+    assert table_row(text, "post_ln").endswith("| 4.900 (2, budget) | 2e-3 (budget-limited: 5e-3 ended by the budget) "
+                                               "| cannot tell (5e-3 has 2 validations in epochs 1-3) |")
     assert "sample-es-en pre_ln 6L: 2e-3 (2e-3 < 1e-3 < 5e-3); first 3 epochs: agrees" in capsys.readouterr().out
+
+
+def test_a_choice_over_a_run_the_budget_ended_is_named_budget_limited(tmp_path, capsys):
+    """pre_ln's 1e-3 run, beaten by 2e-3, was ended by the epoch budget while still improving: a longer
+    budget could change the choice, so it is budget-limited. resi_dual's chosen run is the one the budget
+    ended (more epochs only lower its loss) and the others ended by patience: not budget-limited."""
+    ended = {("pre_ln", "1e-3"): "budget", ("resi_dual", "2e-3"): "budget"}
+    losses = {"pre_ln": {"1e-3": [6.0, 5.0, 4.7], "2e-3": [5.5, 4.5, 4.6]},
+              "resi_dual": {"1e-3": [6.0, 5.0, 5.1], "2e-3": [5.5, 4.8, 4.4]}}
+    matrices = {rate: write_matrix(tmp_path / f"lr-{rate}", [
+        record(variant, 1, by_rate[rate], ended_by=ended.get((variant, rate), "patience 5"))
+        for variant, by_rate in losses.items()]) for rate in ("1e-3", "2e-3")}
+    choose(matrix_flags(matrices) + ["--out", tmp_path / "best"])
+    rows = selection(tmp_path / "best")
+    assert (rows[("pre_ln", 6)]["chosen"], rows[("pre_ln", 6)]["budget_limited"]) == ("2e-3", ["1e-3"])
+    assert (rows[("resi_dual", 6)]["chosen"], rows[("resi_dual", 6)]["budget_limited"]) == ("2e-3", [])
+    text = (tmp_path / "best" / "selection.md").read_text()
+    assert table_row(text, "pre_ln").endswith(
+        "| 4.700 (3, budget) | 4.500 (2) | 2e-3 (budget-limited: 1e-3 ended by the budget) |")
+    assert table_row(text, "resi_dual").endswith("| 5.000 (2) | 4.400 (3, budget) | 2e-3 |")
+    out = capsys.readouterr().out
+    assert "pre_ln 6L: 2e-3 (2e-3 < 1e-3) (budget-limited: 1e-3 ended by the budget)" in out
+    assert "resi_dual 6L: 2e-3 (2e-3 < 1e-3)\n" in out
 
 
 def test_a_matrix_whose_runs_trained_at_another_rate_is_refused(tmp_path, capsys):
