@@ -70,6 +70,20 @@ def flag_values(extra_args: Iterable[str], flag: str) -> List[Optional[str]]:
     return values
 
 
+def without_flags(extra_args: Iterable[str], flags: Sequence[str]) -> List[str]:
+    """``extra_args`` without each ``flag VALUE`` / ``flag=VALUE`` of ``flags`` (long flags taking a value)."""
+    extra, kept, skip = list(extra_args), [], False
+    for word in extra:
+        if skip:
+            skip = False
+            continue
+        if isinstance(word, str) and any(_matches(word, flag) for flag in flags):
+            skip = "=" not in word
+            continue
+        kept.append(word)
+    return kept
+
+
 def flag_value(extra_args: Iterable[str], flag: str) -> Optional[str]:
     """The value fairseq's argparse will see for ``flag`` (the last one given wins); None
     if it is not given a value."""

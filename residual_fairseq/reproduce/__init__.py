@@ -19,7 +19,8 @@ CLI::
 
 The package, by concept: :mod:`.runs` (the run model and the matrix), :mod:`.schedule`
 (training and evaluating runs, one or several at a time), :mod:`.records` (a run's numbers
-and runs.json records), :mod:`.report` (tables and curves), :mod:`.cli`; :mod:`.best_lr`
+and runs.json records), :mod:`.report` (tables and curves), :mod:`.extend` (``--extend``: runs
+their budget ended trained on to a larger one), :mod:`.cli`; :mod:`.best_lr`
 (residual-fairseq-best-lr: each variant at its own best learning rate, over matrices run one
 per rate) uses them and is imported by none.
 """

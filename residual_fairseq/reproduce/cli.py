@@ -12,6 +12,7 @@ from ..run_inputs import data_input_files
 from ..run_record import recorded_extra_args
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
+from .extend import plan_extensions, set_aside
 from .records import read_finished_runs
 from .report import REPORT_NAMES, write_reports
 from .runs import Run, matrix
@@ -78,6 +79,10 @@ def build_parser():
                         help="train without learning-rate warm-up: the rate starts at its peak and decays as it "
                              "does after warm-up (fairseq: --warmup-init-lr equal to --lr; the paper's warm-up "
                              "ablation, docs/results/fair-comparison.md)")
+    parser.add_argument("--extend", action="store_true",
+                        help="train the runs finished in --out that their budget ended on to the larger "
+                             "--max-epoch/--max-update given after -- (the same flags otherwise), from "
+                             "checkpoint_last.pt; their earlier results are kept in SAVE_DIR/before-extend/")
     return parser
 
 
@@ -164,6 +169,8 @@ def main(argv=None):
     ours, passthrough = split_passthrough(argv)
     args = build_parser().parse_args(ours)
     check_output_dir(args.out, "--out")
+    if args.extend and args.report_only:
+        raise UserError("--extend trains runs on and --report-only trains nothing: give one of them")
     check_passthrough(passthrough)
     if args.no_warmup:
         passthrough = passthrough + no_warmup_flags(args.dataset, passthrough)
@@ -179,14 +186,19 @@ def main(argv=None):
     refuse_reports_over_inputs(Path(args.out), data, args.finished_runs)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
+    extended = []
     if not args.report_only:
-        refuse_finished_runs_of_other_flags(runs, passthrough)
+        kept, extended = plan_extensions(runs, passthrough, args.extend)
+        if args.extend and not kept + extended:
+            print("note: --extend: no run finished in --out with a smaller budget than this command's", flush=True)
+        refuse_finished_runs_of_other_flags([run for run in runs if run not in kept + extended], passthrough)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:
         paths = write_reports(runs, Path(args.out))
         print("wrote " + ", ".join(str(path) for path in paths.values()))
         return
+    set_aside(extended, args.dry_run)
     eval_overrides = {"generate_args": args.generate_args} if args.generate_args else {}
     if args.beam:
         eval_overrides["beam"] = args.beam

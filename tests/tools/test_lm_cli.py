@@ -323,6 +323,36 @@ def test_reproduce_trains_and_scores_a_language_model_end_to_end(toy_lm, tmp_pat
     assert "note: 1 CPU thread" in proc.stdout
 
 
+@pytest.mark.slow
+def test_reproduce_extend_trains_a_budget_ended_run_on_from_its_last_checkpoint(toy_lm, tmp_path):
+    """A run ended by --max-update 20, rerun with --extend and --max-update 40: it resumes at update 20
+    (not from scratch), trains to 40 and is scored again; the first score is kept in before-extend/."""
+    prepared, _, _ = toy_lm
+    out = tmp_path / "reproduce"
+    command = [sys.executable, "-m", "residual_fairseq.reproduce", "--dataset", "sample-lm", "--data", prepared / "bin",
+               "--variants", "resi_dual", "--layers", "1", "--out", out, "--threads", "1"]
+    flags = ["--max-tokens", "512", "--required-batch-size-multiple", "1"]
+    run(command + ["--", "--max-update", "20", *flags], env=CLI_ENV)
+    save_dir = out / "runs" / "sample-lm" / "resi_dual-1l" / "seed1"
+    first = json.loads((save_dir / "result.json").read_text())
+    [record] = json.loads((out / "runs.json").read_text())
+    assert record["ended_by"] == "budget"
+    refused = run(command + ["--", "--max-update", "40", *flags], env=CLI_ENV, check=False)
+    assert refused.returncode == 2 and "add --extend" in refused.stderr
+
+    proc = run(command + ["--extend", "--", "--max-update", "40", *flags], env=CLI_ENV)
+    aside = save_dir / "before-extend" / f"epoch{record['epochs']}"
+    assert json.loads((aside / "result.json").read_text()) == first
+    assert "resuming from" in proc.stdout and "20 updates" in proc.stdout, proc.stdout[-3000:]
+    state = torch.load(save_dir / "checkpoint_last.pt", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 40
+    second = json.loads((save_dir / "result.json").read_text())
+    assert second["perplexity"] != first["perplexity"]
+    assert json.loads((save_dir / "run.json").read_text())["extra_args"] == ["--max-update", "40", *flags]
+    [extended] = json.loads((out / "runs.json").read_text())
+    assert extended["epochs"] > record["epochs"] and extended["ended_by"] == "budget"
+
+
 def test_loading_a_non_language_model_is_one_clear_error(toy_lm, tmp_path):
     from residual_fairseq import load_language_model
     from residual_fairseq.errors import UserError

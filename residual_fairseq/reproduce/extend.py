@@ -1,0 +1,116 @@
+"""Training finished runs on to a larger budget: ``residual-fairseq-reproduce --extend``.
+
+A run that its epoch/update budget ended (not patience) may still have been improving. Rerun
+the matrix into the same ``--out`` with the same flags after ``--`` except a larger
+``--max-epoch`` and/or ``--max-update``, and ``--extend``:
+
+- a run finished here that the budget ended resumes from its ``checkpoint_last.pt``
+  (fairseq's own resume; the driver carries patience over) and is evaluated again; its
+  earlier result files (``result.json`` and its sidecars) are moved, never deleted, into
+  ``SAVE_DIR/before-extend/epoch<E>/``;
+- a run finished here that patience ended would have ended the same under the larger
+  budget: it stays finished as it is;
+- runs finished elsewhere (``--finished-runs``) have no checkpoints here: tabulated as given.
+
+Without ``--extend``, a finished run recorded with another budget is refused like any
+other change of flags (reproduce.cli.refuse_finished_runs_of_other_flags), naming
+``--extend``. A smaller budget, or any other flag changed, is never an extension.
+"""
+import math
+import shutil
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from .. import configs
+from ..errors import UserError
+from ..passthrough import flag_value, without_flags
+from ..run_record import recorded_extra_args
+from .runs import RESULT_NAME, Run
+
+BUDGET_FLAGS = ("--max-epoch", "--max-update")
+ASIDE_DIR = "before-extend"
+
+
+def budget(extra_args, run: Run) -> Optional[dict]:
+    """{flag: limit} of ``extra_args`` over the run's config (0: no limit, as fairseq reads it: inf);
+    None when a value is not a whole number >= 0."""
+    settings = configs.load(run.dataset, run.variant, run.layers).get("optimization", {})
+    limits = {}
+    for flag in BUDGET_FLAGS:
+        given = flag_value(extra_args, flag)
+        value = settings.get(flag[2:].replace("-", "_"), 0) if given is None else given
+        try:
+            number = int(str(value))
+        except ValueError:
+            return None
+        if number < 0:
+            return None
+        limits[flag] = math.inf if number == 0 else number
+    return limits
+
+
+def larger_budget(recorded, asked, run: Run) -> bool:
+    """Whether ``asked`` differs from ``recorded`` only in a budget that is nowhere smaller and somewhere larger."""
+    if without_flags(recorded, BUDGET_FLAGS) != without_flags(asked, BUDGET_FLAGS):
+        return False
+    old, new = budget(recorded, run), budget(asked, run)
+    return (old is not None and new is not None and all(new[flag] >= old[flag] for flag in BUDGET_FLAGS)
+            and any(new[flag] > old[flag] for flag in BUDGET_FLAGS))
+
+
+def plan_extensions(runs: List[Run], asked, extend: bool) -> Tuple[List[Run], List[Run]]:
+    """(runs patience ended, kept as finished; runs the budget ended, to train on) among the runs
+    finished here whose run.json records a smaller budget than ``asked``. Without ``extend`` such a
+    run is a UserError naming --extend; so is one whose train.log does not say how it ended, or
+    one with no checkpoint_last.pt to resume from."""
+    kept, extended = [], []
+    for run in runs:
+        recorded = recorded_extra_args(run.save_dir) if run.finished_here else None
+        if recorded is None or recorded == list(asked) or not larger_budget(recorded, asked, run):
+            continue
+        if not extend:
+            raise UserError(f"{run.label} finished in {run.save_dir} with a smaller budget than this command's: add "
+                            f"--extend to train it on to the larger budget, or give the same flags, or another --out")
+        ended = run.ended_by()
+        if ended is not None and ended.startswith("patience"):
+            kept.append(run)
+        elif ended == "budget":
+            if not (run.save_dir / "checkpoint_last.pt").is_file():
+                raise UserError(f"--extend: {run.label} has no checkpoint_last.pt in {run.save_dir} to resume from")
+            extended.append(run)
+        else:
+            raise UserError(f"--extend: {run.label}'s train.log does not say whether patience or its budget ended "
+                            f"it, so whether a larger budget trains it on cannot be told")
+    return kept, extended
+
+
+def aside_dir(run: Run) -> Path:
+    curve = run.curve()
+    return run.save_dir / ASIDE_DIR / f"epoch{curve[-1]['epoch'] if curve else 0}"
+
+
+def result_files(run: Run) -> List[Path]:
+    """The files evaluation wrote beside result.json (``result.*``), then result.json itself: moved
+    last, so that a move cut short leaves the run finished and the next --extend completes it."""
+    stem = Path(RESULT_NAME).stem
+    sidecars = sorted(path for path in run.save_dir.iterdir()
+                      if path.is_file() and path.name.startswith(stem + ".") and path.name != RESULT_NAME)
+    return sidecars + [run.result_path]
+
+
+def set_aside(runs: List[Run], dry_run: bool) -> None:
+    """Move each run's result files into aside_dir (the run is then unfinished and trains on)."""
+    for run in runs:
+        target = aside_dir(run)
+        if dry_run:
+            print(f"would extend {run.label}: move its result files to {target}, resume from checkpoint_last.pt, "
+                  f"evaluate again", flush=True)
+            continue
+        files = result_files(run)
+        taken = next((target / path.name for path in files if (target / path.name).exists()), None)
+        if taken is not None:
+            raise UserError(f"--extend: {taken} exists already: move it away first")
+        target.mkdir(parents=True, exist_ok=True)
+        for path in files:
+            shutil.move(str(path), str(target / path.name))
+        print(f"extend {run.label}: its earlier results are in {target}", flush=True)
