@@ -56,7 +56,7 @@ class OriginalVocabulary:
     @classmethod
     def from_prepared(cls, directory) -> "OriginalVocabulary":
         from .data import read_manifest
-        from .data.pipeline import is_prepare_manifest
+        from .data.prepared import is_prepare_manifest
 
         directory = Path(directory)
         manifest = read_manifest(directory)

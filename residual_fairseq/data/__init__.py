@@ -16,7 +16,8 @@ from .datasets import RECIPES
 from .errors import DataPreparationError
 from .language_modeling import LM_RECIPES, prepare_language_model
 from .options import PrepareOptions
-from .pipeline import PreparedData, prepare, read_manifest
+from .pipeline import prepare
+from .prepared import PreparedData, read_manifest
 
 __all__ = ["DataPreparationError", "LM_RECIPES", "PrepareOptions", "PreparedData", "RECIPES", "prepare",
            "prepare_language_model",

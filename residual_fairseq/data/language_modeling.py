@@ -34,7 +34,8 @@ from .datasets import (HeldOutSplits, Recipe, Source, check_distinct_files, desc
                        split_files)
 from .download import default_download_dir, find_file
 from .errors import DataPreparationError
-from .pipeline import BINARY_DIR, MANIFEST_FORMAT, input_fingerprints, library_versions, prepare_staged
+from .pipeline import input_fingerprints, library_versions
+from .prepared import BINARY_DIR, MANIFEST_FORMAT, prepare_staged
 from .text import map_lines
 from .textio import UNDECODABLE, SkipCounter, read_lines, read_tsv_pairs, write_lines
 

@@ -260,7 +260,7 @@ _SPLIT_FILE = r"{subset}\d*\.([^.\-]+)-([^.\-]+)\.[^.]+\.(bin|idx)$"
 def prepare_manifest_of(data_bin):
     """(manifest, path) of residual-fairseq-prepare's ``OUT/manifest.json`` for ``OUT/bin``; (None, None) else."""
     from ..data.errors import DataPreparationError
-    from ..data.pipeline import MANIFEST_NAME, is_prepare_manifest, read_manifest
+    from ..data.prepared import MANIFEST_NAME, is_prepare_manifest, read_manifest
 
     data_bin = Path(data_bin).resolve()
     try:

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .. import configs, train
 from ..argtypes import is_finite_number, read_regular_file
-from ..data.pipeline import is_prepare_manifest, read_manifest
+from ..data.prepared import is_prepare_manifest, read_manifest
 from ..errors import UserError
 from ..language_models import check_eval_lm_extra_args
 from ..training_log import validation_curve

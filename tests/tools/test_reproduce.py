@@ -437,7 +437,7 @@ def test_evaluation_reads_only_a_manifest_that_prepare_wrote(tmp_path):
     from_config = reproduce.evaluation_options(run_)
     manifest = {"format": 1, "dataset": "sample-es-en", "source_lang": "es", "target_lang": "en",
                 "settings": {"tokenizer": "moses"}, "subword": {"method": "spm-bpe"}, "files": {}}
-    from residual_fairseq.data.pipeline import MANIFEST_FORMAT
+    from residual_fairseq.data.prepared import MANIFEST_FORMAT
     manifest["format"] = MANIFEST_FORMAT
     (tmp_path / "sample-es-en" / "manifest.json").write_text(json.dumps(manifest))
     assert reproduce.evaluation_options(run_) == {**from_config, "subword": "spm-bpe", "detok_lang": "en"}
