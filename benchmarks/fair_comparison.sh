@@ -1,0 +1,102 @@
+#!/bin/bash
+# Issue 37's fair comparison on the bundled sample, step by step: the commands of
+# docs/results/fair-comparison.md in one place. Every step is resumable: reproduce skips finished
+# runs and resumes unfinished ones from checkpoint_last.pt, so rerun the same line after an
+# interruption.
+#
+#   bash benchmarks/fair_comparison.sh OUT STEP...        # e.g. OUT=results/fair, STEP=lr6
+#
+# Steps (in the protocol's order):
+#   dropout  Pre-LN 6 layers seed 1 at dropout 0.1 and 0.3 (dropout 0 is the lr-5e-3 matrix's run)
+#   lr6      every variant at 6 layers, seed 1, at lr 5e-3, 2e-3 and 1e-3 (OUT/lr-RATE)
+#   lr18     the same at 18 layers
+#   select   residual-fairseq-best-lr over OUT/lr-*: each row's rate, the shortened-selection check
+#   seeds    seeds 2 and 3 of each chosen row at its rate, then select again (the final table:
+#            OUT/best-lr/results.md)
+#   warmup   Post-LN, Pre-LN, ResiDual at 6 and 12 layers, seeds 1-3, lr 1e-3, with (OUT/warmup)
+#            and without (OUT/no-warmup) warm-up
+#   lm6      the language models at 6 layers, seeds 1-3, until flat (OUT/lm); lm24: at 24 layers
+#
+# Environment: DATA (sample-es-en's prepared bin/, default OUT/data/sample-es-en/bin), LM_DATA
+# (sample-lm's, default OUT/data/sample-lm/bin), DROPOUT (step 1's choice, default 0.1), JOBS
+# (runs at a time, default 1), THREADS (per run, default 1), DRY=1 (print, train nothing),
+# CODE (the checkout whose package trains, default this one: a fixed commit's git worktree
+# keeps code changed meanwhile out of a matrix; the selection always uses this checkout's).
+# Two lanes on a 2-core machine:  fair_comparison.sh OUT lr6 lr18 &  fair_comparison.sh OUT lm6 lm24 &
+set -eu
+OUT=${1:?usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)}
+shift
+[ $# -gt 0 ] || { echo "error: give at least one step: dropout lr6 lr18 select seeds warmup lm6 lm24" >&2; exit 2; }
+for step in "$@"; do
+    case $step in dropout|lr6|lr18|select|seeds|warmup|lm6|lm24) ;;
+        *) echo "error: unknown step $step (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)" >&2; exit 2 ;;
+    esac
+done
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+CODE=${CODE:-$HERE}
+DATA=${DATA:-$OUT/data/sample-es-en/bin}
+LM_DATA=${LM_DATA:-$OUT/data/sample-lm/bin}
+DROPOUT=${DROPOUT:-0.1}
+RATES="5e-3 2e-3 1e-3"
+BUDGET="--max-epoch 40 --patience 5"
+if [ "$DROPOUT" = 0 ]; then D="--dropout 0"; else D="--dropout $DROPOUT --attention-dropout 0.1 --activation-dropout 0.1"; fi
+DRY_FLAG=; [ "${DRY:-0}" = 1 ] && DRY_FLAG=--dry-run
+
+reproduce() {  # reproduce FLAGS... -- FAIRSEQ_FLAGS...
+    echo "+ reproduce $*"
+    # A matrix with a failed run exits 2 after the others; the next matrix still runs.
+    python3 "$CODE/scripts/reproduce.py" --jobs "${JOBS:-1}" --threads "${THREADS:-1}" $DRY_FLAG "$@" ||
+        echo "note: that reproduce exited $? (a failed run is named in its tables); going on"
+}
+translation() { reproduce --dataset sample-es-en --data "$DATA" "$@"; }
+selection_run() {  # lr 5e-3's Pre-LN 6-layer seed-1 run is step 1's selection run at the chosen dropout
+    [ "$1" = 5e-3 ] && [ -f "$OUT/dropout-$DROPOUT/runs.json" ] && echo "--finished-runs $OUT/dropout-$DROPOUT/runs.json"
+    return 0
+}
+select_rates() {
+    local matrices=()
+    for lr in $RATES; do matrices+=(--matrix "$lr=$OUT/lr-$lr"); done
+    echo "+ best-lr ${matrices[*]} --out $OUT/best-lr --check-epochs 8"
+    [ -n "$DRY_FLAG" ] && return 0
+    python3 "$HERE/scripts/best_lr.py" "${matrices[@]}" --out "$OUT/best-lr" --check-epochs 8
+}
+
+for step in "$@"; do
+    echo "=== $step ($(date -u '+%F %T') UTC)"
+    case $step in
+    dropout)
+        for d in 0.1 0.3; do
+            translation --variants pre_ln --layers 6 --seeds 1 --out "$OUT/dropout-$d" -- $BUDGET \
+                --dropout $d --attention-dropout 0.1 --activation-dropout 0.1
+        done ;;
+    lr6|lr18)
+        for lr in $RATES; do
+            translation --layers "${step#lr}" --seeds 1 $(selection_run $lr) --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D
+        done ;;
+    select) select_rates ;;
+    seeds)
+        [ -f "$OUT/best-lr/selection.json" ] || { echo "error: no $OUT/best-lr/selection.json: run the select step first" >&2; exit 2; }
+        python3 -c 'import json, sys
+for row in json.load(open(sys.argv[1]))["rows"]:
+    if row["chosen"]:
+        print(row["variant"], row["layers"], row["chosen"])' "$OUT/best-lr/selection.json" |
+        while read -r variant layers lr; do
+            translation --variants "$variant" --layers "$layers" --seeds 2 3 $(selection_run $lr) --out "$OUT/lr-$lr" \
+                -- $BUDGET --lr $lr $D </dev/null
+        done
+        select_rates ;;
+    warmup)
+        # lr 1e-3: the 300-update ablation's rate, where Post-LN learns with warm-up (at 5e-3 it fails with it)
+        for kind in warmup no-warmup; do
+            flag=; [ $kind = no-warmup ] && flag=--no-warmup
+            reuse=; [ $kind = warmup ] && [ -f "$OUT/lr-1e-3/runs.json" ] && reuse="--finished-runs $OUT/lr-1e-3/runs.json"
+            translation --variants post_ln pre_ln resi_dual --layers 6 12 --seeds 1 2 3 $flag $reuse \
+                --out "$OUT/$kind" -- $BUDGET --lr 1e-3 $D
+        done ;;
+    lm6|lm24)
+        for seeds in 1 "2 3"; do
+            reproduce --dataset sample-lm --data "$LM_DATA" --layers "${step#lm}" --seeds $seeds --out "$OUT/lm" -- \
+                --max-update 0 --max-epoch 60 --patience 5 --validate-interval-updates 0 --save-interval-updates 0
+        done ;;
+    esac
+done
