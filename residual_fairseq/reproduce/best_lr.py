@@ -7,9 +7,9 @@ tie going to the smaller rate. A row is chosen only when every rate has that run
 it is incomplete, naming the rates it lacks; a run that did not learn is compared by its loss
 like any other, and named. A choice is *budget-limited* where a rate it beat was ended by the
 epoch/update budget rather than by patience: that run may still have been improving, so a longer
-budget could change the choice (the chosen run's own budget can only lower its loss). ``--check-epochs K`` ranks the rates again by each run's lowest loss
-of epochs 1-K and says whether that agrees with the full runs (a shortened selection is allowed
-only where it does); a run with fewer than K validations there that patience did not end (a
+budget could change the choice (the chosen run's own budget can only lower its loss).
+``--check-epochs K`` ranks the rates again by each run's lowest loss of epochs 1-K and says
+whether that agrees with the full runs (a shortened selection is allowed only where it does); a run with fewer than K validations there that patience did not end (a
 shorter budget) makes it "cannot tell". Writes
 selection.md/.json (the losses, choices, checks, and the reproduce flags for the other seeds at
 each chosen rate) and report.write_reports of the chosen rate's runs, a column naming the rate.

@@ -186,19 +186,18 @@ def main(argv=None):
     refuse_reports_over_inputs(Path(args.out), data, args.finished_runs)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
-    extended = []
     if not args.report_only:
         kept, extended = plan_extensions(runs, passthrough, args.extend)
         if args.extend and not kept + extended:
             print("note: --extend: no run finished in --out with a smaller budget than this command's", flush=True)
         refuse_finished_runs_of_other_flags([run for run in runs if run not in kept + extended], passthrough)
+        set_aside(extended, args.dry_run)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:
         paths = write_reports(runs, Path(args.out))
         print("wrote " + ", ".join(str(path) for path in paths.values()))
         return
-    set_aside(extended, args.dry_run)
     eval_overrides = {"generate_args": args.generate_args} if args.generate_args else {}
     if args.beam:
         eval_overrides["beam"] = args.beam

@@ -71,7 +71,9 @@ def test_extend_trains_on_the_runs_the_budget_ended_and_keeps_their_results(out,
     assert json.loads((aside / "result.json").read_text())["sacrebleu"]["score"] == 12.5
     assert not list(save_dir(out, "post_ln").glob("result.*"))
     assert (save_dir(out, "resi_dual") / "result.json").is_file()
-    assert f"extend sample-es-en post_ln 1L seed 1: its earlier results are in {aside}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"extend sample-es-en post_ln 1L seed 1: its earlier results are in {aside}" in printed
+    assert "2 runs (1 finished)" in printed  # counted after the move: post_ln trains on
 
 
 @pytest.mark.parametrize("asked, refusal", [
