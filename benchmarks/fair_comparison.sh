@@ -24,7 +24,8 @@
 # keeps code changed meanwhile out of a matrix; the selection always uses this checkout's).
 # Two lanes on a 2-core machine:  fair_comparison.sh OUT lr6 lr18 &  fair_comparison.sh OUT lm6 lm24 &
 set -eu
-OUT=${1:?usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)}
+[ $# -gt 0 ] || { echo "error: usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)" >&2; exit 2; }
+OUT=$1
 shift
 [ $# -gt 0 ] || { echo "error: give at least one step: dropout lr6 lr18 select seeds warmup lm6 lm24" >&2; exit 2; }
 for step in "$@"; do

@@ -9,9 +9,12 @@
 # Prints one line per variant (parameters compared, largest absolute difference) and exits 1
 # when any differs.
 set -eu
-A=${1:?usage: same_training.sh CHECKOUT_A CHECKOUT_B DATA_BIN}
-B=${2:?usage: same_training.sh CHECKOUT_A CHECKOUT_B DATA_BIN}
-DATA=${3:?usage: same_training.sh CHECKOUT_A CHECKOUT_B DATA_BIN}
+[ $# -eq 3 ] || { echo "error: usage: same_training.sh CHECKOUT_A CHECKOUT_B DATA_BIN" >&2; exit 2; }
+A=$1 B=$2 DATA=$3
+for code in "$A" "$B"; do
+    [ -f "$code/scripts/train.py" ] || { echo "error: $code is not a residual-fairseq checkout (no scripts/train.py)" >&2; exit 2; }
+done
+[ -f "$DATA/dict.en.txt" ] || { echo "error: $DATA is not sample-es-en's prepared bin/ (no dict.en.txt)" >&2; exit 2; }
 WORK=$(mktemp -d /tmp/same-training.XXXXXX)
 VARIANTS="post_ln pre_ln resi_dual deepnet admin b2t"
 for side in A B; do

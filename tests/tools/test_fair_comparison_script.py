@@ -1,5 +1,6 @@
 """benchmarks/fair_comparison.sh (issue 37's steps in one script): the flags each step trains with,
-dry; its refusals."""
+dry; its refusals. And benchmarks/same_training.sh's refusals (its comparison: a run of minutes,
+recorded in docs/figures/fair-comparison/)."""
 import subprocess
 
 import pytest
@@ -37,11 +38,27 @@ def test_each_step_trains_with_the_protocols_flags(toy_data_bin, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("steps, refusal", [
+    (None, "error: usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)"),
     ((), "error: give at least one step: dropout lr6 lr18 select seeds warmup lm6 lm24"),
     (("lr6", "lr7"), "error: unknown step lr7 (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)"),
     (("seeds",), "error: no {out}/best-lr/selection.json: run the select step first"),
 ])
 def test_what_it_cannot_do_is_one_line_and_exit_2_before_training(tmp_path, steps, refusal):
-    proc = script(tmp_path, *steps)
+    proc = (subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=CLI_ENV) if steps is None
+            else script(tmp_path, *steps))
     assert proc.returncode == 2 and proc.stderr.strip() == refusal.format(out=tmp_path), proc.stderr
     assert "reproduce" not in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, refusal", [
+    ([], "error: usage: same_training.sh CHECKOUT_A CHECKOUT_B DATA_BIN"),
+    (["{repo}", "{tmp}", "{tmp}"], "error: {tmp} is not a residual-fairseq checkout (no scripts/train.py)"),
+    (["{repo}", "{repo}", "{tmp}"], "error: {tmp} is not sample-es-en's prepared bin/ (no dict.en.txt)"),
+])
+def test_same_training_refuses_what_it_cannot_compare(tmp_path, args, refusal):
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "same_training.sh"),
+                           *(arg.format(repo=REPO, tmp=tmp_path) for arg in args)],
+                          capture_output=True, text=True, env=CLI_ENV, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == refusal.format(tmp=tmp_path), proc.stderr
+    assert not list(tmp_path.iterdir())
