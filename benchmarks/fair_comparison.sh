@@ -42,6 +42,12 @@ RATES="5e-3 2e-3 1e-3"
 BUDGET="--max-epoch 40 --patience 5"
 if [ "$DROPOUT" = 0 ]; then D="--dropout 0"; else D="--dropout $DROPOUT --attention-dropout 0.1 --activation-dropout 0.1"; fi
 DRY_FLAG=; [ "${DRY:-0}" = 1 ] && DRY_FLAG=--dry-run
+for step in "$@"; do  # before anything runs: the data each step trains on
+    case $step in
+        dropout|lr6|lr18|seeds|warmup) [ -d "$DATA" ] || { echo "error: DATA=$DATA is not a directory (sample-es-en's prepared bin/)" >&2; exit 2; } ;;
+        lm6|lm24) [ -d "$LM_DATA" ] || { echo "error: LM_DATA=$LM_DATA is not a directory (sample-lm's prepared bin/)" >&2; exit 2; } ;;
+    esac
+done
 
 reproduce() {  # reproduce FLAGS... -- FAIRSEQ_FLAGS...
     echo "+ reproduce $*"

@@ -42,10 +42,12 @@ def test_each_step_trains_with_the_protocols_flags(toy_data_bin, tmp_path):
     ((), "error: give at least one step: dropout lr6 lr18 select seeds warmup lm6 lm24"),
     (("lr6", "lr7"), "error: unknown step lr7 (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)"),
     (("seeds",), "error: no {out}/best-lr/selection.json: run the select step first"),
+    (("select", "lm6"), "error: LM_DATA={out}/data/sample-lm/bin is not a directory (sample-lm's prepared bin/)"),
+    (("dropout",), "error: DATA={out}/data/sample-es-en/bin is not a directory (sample-es-en's prepared bin/)"),
 ])
 def test_what_it_cannot_do_is_one_line_and_exit_2_before_training(tmp_path, steps, refusal):
     proc = (subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=CLI_ENV) if steps is None
-            else script(tmp_path, *steps))
+            else script(tmp_path, *steps, DATA=str(tmp_path)) if steps == ("seeds",) else script(tmp_path, *steps))
     assert proc.returncode == 2 and proc.stderr.strip() == refusal.format(out=tmp_path), proc.stderr
     assert "reproduce" not in proc.stdout
 
