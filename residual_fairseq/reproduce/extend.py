@@ -77,11 +77,23 @@ def plan_extensions(runs: List[Run], asked, extend: bool) -> Tuple[List[Run], Li
         elif ended == "budget":
             if not (run.save_dir / "checkpoint_last.pt").is_file():
                 raise UserError(f"--extend: {run.label} has no checkpoint_last.pt in {run.save_dir} to resume from")
+            refuse_unraised_limit(run, budget(recorded, run), budget(asked, run))
             extended.append(run)
         else:
             raise UserError(f"--extend: {run.label}'s train.log does not say whether patience or its budget ended "
                             f"it, so whether a larger budget trains it on cannot be told")
     return kept, extended
+
+
+def refuse_unraised_limit(run: Run, old: dict, new: dict) -> None:
+    """UserError when the limit the run reached (its last validation's epoch or updates) is not
+    raised: fairseq would stop again at once, and the run would only be evaluated again."""
+    last = (run.curve() or [{}])[-1]
+    reached = {"--max-epoch": last.get("epoch"), "--max-update": last.get("updates")}
+    for flag in BUDGET_FLAGS:
+        if isinstance(reached[flag], int) and reached[flag] >= old[flag] and new[flag] == old[flag]:
+            raise UserError(f"--extend: {run.label} stopped at its {flag} {old[flag]}, which this command does "
+                            f"not raise: raise {flag} too")
 
 
 def aside_dir(run: Run) -> Path:

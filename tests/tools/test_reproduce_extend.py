@@ -103,10 +103,16 @@ def test_the_config_budget_counts_and_no_limit_is_the_largest(out, capsys, monke
     ("log", "error: --extend: sample-es-en post_ln 1L seed 1's train.log does not say whether patience or its budget "
             "ended it, so whether a larger budget trains it on cannot be told"),
     ("aside", "error: --extend: {dir}/before-extend/epoch2/result.json exists already: move it away first"),
+    ("update limit", "error: --extend: sample-es-en post_ln 1L seed 1 stopped at its --max-update 20, which this "
+                     "command does not raise: raise --max-update too"),
 ])
 def test_what_extend_cannot_resume_is_one_line_and_nothing_moves(out, capsys, damage, refusal):
     data, out = out
     directory = save_dir(out, "post_ln")
+    asked = ["--max-epoch", "4", "--lr", "1e-3"]
+    if damage == "update limit":  # it stopped at --max-update 20 (its last validation: update 20)
+        (directory / "run.json").write_text(json.dumps({"name": "post_ln-1l", "extra_args": FLAGS + ["--max-update", "20"]}))
+        asked += ["--max-update", "20"]
     if damage == "checkpoint":
         (directory / "checkpoint_last.pt").unlink()
     elif damage == "log":
@@ -114,8 +120,7 @@ def test_what_extend_cannot_resume_is_one_line_and_nothing_moves(out, capsys, da
     else:
         (directory / "before-extend" / "epoch2").mkdir(parents=True)
         (directory / "before-extend" / "epoch2" / "result.json").write_text("an earlier extension's\n")
-    line = user_error(capsys, reproduce.main, argv(data, out, "--extend", "--", "--max-epoch", "4", "--lr", "1e-3"),
-                      only_line=True)
+    line = user_error(capsys, reproduce.main, argv(data, out, "--extend", "--", *asked), only_line=True)
     assert line == refusal.format(dir=directory), line
     assert (directory / "result.json").is_file() and (directory / "result.hyp.txt").is_file()
 
