@@ -174,13 +174,14 @@ def check(found: dict, full: list, epochs: int, matrices) -> dict:
 
 def reproduce_command(row, m: Matrix, selection_seed: int, seeds) -> str:
     """The reproduce flags that run ``seeds`` of ``row`` into rate ``m``'s --out, with the flags after
-    -- that its selection run recorded (run.json) when it did."""
+    -- that its selection run recorded (run.json); ``-- FLAGS`` where the matrix's directory holds no
+    run.json for it (a run tabulated from --finished-runs): the flags are then the reader's to give."""
     words = ["--dataset", row["dataset"], "--data", "DATA", "--variants", row["variant"],
              "--layers", str(row["layers"]), "--seeds", *map(str, seeds), "--out", str(m.runs_json.parent)]
     extra = recorded_extra_args(m.save_dir((row["dataset"], row["variant"], row["layers"], selection_seed)))
-    if extra is not None and all(isinstance(word, str) for word in extra):
-        words += ["--", *extra]
-    return "residual-fairseq-reproduce " + shlex.join(words)
+    known = extra is not None and all(isinstance(word, str) for word in extra)
+    return "residual-fairseq-reproduce " + shlex.join(words + (["--", *extra] if known else [])) + (
+        "" if known else " -- FLAGS")
 
 
 def budget_note(row) -> str:
@@ -221,7 +222,9 @@ def selection_markdown(rows, matrices, seed: int, check_epochs) -> str:
     commands = [f"- {row['data']} {row['variant']} {row['layers']}: `{row['reproduce']}`"
                 for row in rows if row.get("reproduce")]
     if commands:
-        lines += ["\nThe other seeds at each row's chosen rate (DATA: the matrix's --data):\n"] + commands
+        lines += ["\nThe other seeds at each row's chosen rate (DATA: the matrix's --data; FLAGS, where shown: the "
+                  "flags after -- the matrix was run with, which its directory does not record for that row's "
+                  "seed-1 run):\n"] + commands
     return "\n".join(lines) + "\n"
 
 

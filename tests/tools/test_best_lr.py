@@ -73,7 +73,7 @@ def test_each_row_takes_the_rate_of_its_lowest_seed_1_validation_loss_never_the_
     assert (f"- sample-es-en pre_ln 6: `residual-fairseq-reproduce --dataset sample-es-en --data DATA --variants "
             f"pre_ln --layers 6 --seeds 2 3 --out {tmp_path / 'lr-2e-3'} -- --max-epoch 40 --lr 2e-3`") in text
     assert (f"- sample-es-en resi_dual 6: `residual-fairseq-reproduce --dataset sample-es-en --data DATA --variants "
-            f"resi_dual --layers 6 --seeds 2 3 --out {tmp_path / 'lr-1e-3'}`") in text  # no run.json: no flags
+            f"resi_dual --layers 6 --seeds 2 3 --out {tmp_path / 'lr-1e-3'} -- FLAGS`") in text  # no run.json
     assert "sample-es-en pre_ln 6L: 2e-3 (2e-3 < 5e-3 < 1e-3)" in capsys.readouterr().out
 
     choose(matrix_flags(matrices) + ["--out", tmp_path / "by-seed-2", "--selection-seed", "2"])
