@@ -12,7 +12,7 @@ from ..run_inputs import data_input_files
 from ..run_record import recorded_extra_args
 from ..runtime import add_threads_flag, add_verbose_flag
 from ..variants import VARIANTS
-from .extend import plan_extensions, set_aside
+from .extend import larger_budget, set_aside, trains_on
 from .records import read_finished_runs
 from .report import REPORT_NAMES, write_reports
 from .runs import Run, matrix
@@ -137,18 +137,28 @@ def refuse_reports_over_inputs(out: Path, data: dict, finished_paths) -> None:
                 raise UserError(f"--out {out}: its {name} would overwrite {role} {path}: choose another --out")
 
 
-def refuse_finished_runs_of_other_flags(runs: List[Run], passthrough) -> None:
-    """UserError when a run finished in this --out was trained with other flags after -- than
-    this command's (its run.json records them): its numbers would be tabulated as this matrix's."""
+def finished_runs_to_extend(runs: List[Run], passthrough, extend: bool) -> List[Run]:
+    """The runs finished in this --out that ``--extend`` trains on to this command's larger budget
+    (extend.trains_on). UserError when a run finished here was trained with other flags after -- than
+    this command's (its run.json records them) and the difference is not a larger budget: its
+    numbers would be tabulated as this matrix's."""
+    extended, larger = [], 0
     for run in runs:
-        if not run.finished_here:
+        recorded = recorded_extra_args(run.save_dir) if run.finished_here else None
+        if recorded is None or recorded == list(passthrough):
             continue
-        recorded = recorded_extra_args(run.save_dir)
-        if recorded is not None and recorded != list(passthrough):
+        limits = larger_budget(recorded, passthrough, run)
+        if limits is None:
             raise UserError(f"{run.label} finished in {run.save_dir} with other fairseq flags "
                             f"(-- {shlex.join(map(str, recorded)) or 'none'}) than this command's "
                             f"(-- {shlex.join(passthrough) or 'none'}): its numbers would be tabulated as this "
                             f"matrix's; give the same flags, or another --out")
+        larger += 1
+        if trains_on(run, *limits, extend):
+            extended.append(run)
+    if extend and not larger:
+        print("note: --extend: no run finished in --out with a smaller budget than this command's", flush=True)
+    return extended
 
 
 def say_where_runs_come_from(runs: List[Run], finished_elsewhere: dict) -> None:
@@ -187,11 +197,7 @@ def main(argv=None):
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
     if not args.report_only:
-        kept, extended = plan_extensions(runs, passthrough, args.extend)
-        if args.extend and not kept + extended:
-            print("note: --extend: no run finished in --out with a smaller budget than this command's", flush=True)
-        refuse_finished_runs_of_other_flags([run for run in runs if run not in kept + extended], passthrough)
-        set_aside(extended, args.dry_run)
+        set_aside(finished_runs_to_extend(runs, passthrough, args.extend), args.dry_run)
     print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:

@@ -12,9 +12,9 @@ the matrix into the same ``--out`` with the same flags after ``--`` except a lar
   budget: it stays finished as it is;
 - runs finished elsewhere (``--finished-runs``) have no checkpoints here: tabulated as given.
 
-Without ``--extend``, a finished run recorded with another budget is refused like any
-other change of flags (reproduce.cli.refuse_finished_runs_of_other_flags), naming
-``--extend``. A smaller budget, or any other flag changed, is never an extension.
+Without ``--extend``, a finished run recorded with a smaller budget is refused, naming
+``--extend``. A smaller budget, or any other flag changed, is never an extension
+(reproduce.cli.finished_runs_to_extend refuses it like any other change of flags).
 """
 import math
 import shutil
@@ -24,17 +24,15 @@ from typing import List, Optional, Tuple
 from .. import configs
 from ..errors import UserError
 from ..passthrough import flag_value, without_flags
-from ..run_record import recorded_extra_args
 from .runs import RESULT_NAME, Run
 
 BUDGET_FLAGS = ("--max-epoch", "--max-update")
 ASIDE_DIR = "before-extend"
 
 
-def budget(extra_args, run: Run) -> Optional[dict]:
-    """{flag: limit} of ``extra_args`` over the run's config (0: no limit, as fairseq reads it: inf);
-    None when a value is not a whole number >= 0."""
-    settings = configs.load(run.dataset, run.variant, run.layers).get("optimization", {})
+def budget(extra_args, settings: dict) -> Optional[dict]:
+    """{flag: limit} of ``extra_args`` over the config's ``optimization`` ``settings`` (0: no limit, as
+    fairseq reads it: inf); None when a value is not a whole number >= 0."""
     limits = {}
     for flag in BUDGET_FLAGS:
         given = flag_value(extra_args, flag)
@@ -49,40 +47,37 @@ def budget(extra_args, run: Run) -> Optional[dict]:
     return limits
 
 
-def larger_budget(recorded, asked, run: Run) -> bool:
-    """Whether ``asked`` differs from ``recorded`` only in a budget that is nowhere smaller and somewhere larger."""
+def larger_budget(recorded, asked, run: Run) -> Optional[Tuple[dict, dict]]:
+    """(the recorded limits, the asked ones) when ``asked`` differs from ``recorded`` only in a budget
+    that is nowhere smaller and somewhere larger; else None."""
     if without_flags(recorded, BUDGET_FLAGS) != without_flags(asked, BUDGET_FLAGS):
+        return None
+    settings = configs.load(run.dataset, run.variant, run.layers).get("optimization", {})
+    old, new = budget(recorded, settings), budget(asked, settings)
+    if (old is None or new is None or not all(new[flag] >= old[flag] for flag in BUDGET_FLAGS)
+            or not any(new[flag] > old[flag] for flag in BUDGET_FLAGS)):
+        return None
+    return old, new
+
+
+def trains_on(run: Run, old: dict, new: dict, extend: bool) -> bool:
+    """For a run finished here with the smaller budget ``old`` than the command's ``new``: True when
+    --extend trains it on (the budget ended it), False when it stays finished (patience ended it).
+    Without ``extend`` a UserError naming --extend; so is a run whose train.log does not say how it
+    ended, one with no checkpoint_last.pt to resume from, and one whose reached limit stays."""
+    if not extend:
+        raise UserError(f"{run.label} finished in {run.save_dir} with a smaller budget than this command's: add "
+                        f"--extend to train it on to the larger budget, or give the same flags, or another --out")
+    ended = run.ended_by()
+    if ended is not None and ended.startswith("patience"):
         return False
-    old, new = budget(recorded, run), budget(asked, run)
-    return (old is not None and new is not None and all(new[flag] >= old[flag] for flag in BUDGET_FLAGS)
-            and any(new[flag] > old[flag] for flag in BUDGET_FLAGS))
-
-
-def plan_extensions(runs: List[Run], asked, extend: bool) -> Tuple[List[Run], List[Run]]:
-    """(runs patience ended, kept as finished; runs the budget ended, to train on) among the runs
-    finished here whose run.json records a smaller budget than ``asked``. Without ``extend`` such a
-    run is a UserError naming --extend; so is one whose train.log does not say how it ended, or
-    one with no checkpoint_last.pt to resume from."""
-    kept, extended = [], []
-    for run in runs:
-        recorded = recorded_extra_args(run.save_dir) if run.finished_here else None
-        if recorded is None or recorded == list(asked) or not larger_budget(recorded, asked, run):
-            continue
-        if not extend:
-            raise UserError(f"{run.label} finished in {run.save_dir} with a smaller budget than this command's: add "
-                            f"--extend to train it on to the larger budget, or give the same flags, or another --out")
-        ended = run.ended_by()
-        if ended is not None and ended.startswith("patience"):
-            kept.append(run)
-        elif ended == "budget":
-            if not (run.save_dir / "checkpoint_last.pt").is_file():
-                raise UserError(f"--extend: {run.label} has no checkpoint_last.pt in {run.save_dir} to resume from")
-            refuse_unraised_limit(run, budget(recorded, run), budget(asked, run))
-            extended.append(run)
-        else:
-            raise UserError(f"--extend: {run.label}'s train.log does not say whether patience or its budget ended "
-                            f"it, so whether a larger budget trains it on cannot be told")
-    return kept, extended
+    if ended != "budget":
+        raise UserError(f"--extend: {run.label}'s train.log does not say whether patience or its budget ended "
+                        f"it, so whether a larger budget trains it on cannot be told")
+    if not (run.save_dir / "checkpoint_last.pt").is_file():
+        raise UserError(f"--extend: {run.label} has no checkpoint_last.pt in {run.save_dir} to resume from")
+    refuse_unraised_limit(run, old, new)
+    return True
 
 
 def refuse_unraised_limit(run: Run, old: dict, new: dict) -> None:
