@@ -9,8 +9,9 @@ like any other, and named. A choice is *budget-limited* where a rate it beat was
 epoch/update budget rather than by patience: that run may still have been improving, so a longer
 budget could change the choice (the chosen run's own budget can only lower its loss).
 ``--check-epochs K`` ranks the rates again by each run's lowest loss of epochs 1-K and says
-whether that agrees with the full runs (a shortened selection is allowed only where it does); a run with fewer than K validations there that patience did not end (a
-shorter budget) makes it "cannot tell". Writes
+whether that agrees with the full runs (a shortened selection is allowed only where it does); a run
+that patience did not end with fewer than K validations there (a shorter budget), or none after
+epoch K (a shortened run: nothing to check), makes it "cannot tell". Writes
 selection.md/.json (the losses, choices, checks, and the reproduce flags for the other seeds at
 each chosen rate) and report.write_reports of the chosen rate's runs, a column naming the rate.
 
@@ -37,7 +38,7 @@ from ..passthrough import flag_value
 from ..run_record import recorded_extra_args
 from .records import best_validation, data_label, read_finished_runs
 from .report import REPORT_NAMES, write_reports
-from .runs import matrix
+from .runs import RESULT_NAME, matrix
 
 OUTPUT_NAMES = ("selection.md", "selection.json") + REPORT_NAMES
 
@@ -93,6 +94,19 @@ def read_matrices(values) -> list:
         matrices.append(Matrix(given, rate, runs_json, read_finished_runs([runs_json], f"--matrix {given} file")))
         refuse_other_rate(matrices[-1])
     return sorted(matrices, key=lambda m: m.rate)
+
+
+def untabulated(m: Matrix) -> list:
+    """The runs finished in ``m``'s directory (reproduce's layout: a result.json) that its runs.json
+    lacks: a later reproduce command over a part of the matrix (one row's other seeds...) rewrote
+    it with that part's runs only."""
+    keys = set()
+    for result in sorted(m.runs_json.parent.glob(f"runs/*/*/seed*/{RESULT_NAME}")):
+        variant, _, depth = result.parent.parent.name.rpartition("-")
+        seed, layers = result.parent.name[len("seed"):], depth[:-1]
+        if variant and depth.endswith("l") and layers.isdigit() and seed.isdigit():
+            keys.add((result.parent.parent.parent.name, variant, int(layers), int(seed)))
+    return sorted(key for key in keys if key not in m.records)
 
 
 def refuse_other_rate(m: Matrix) -> None:
@@ -161,12 +175,16 @@ def select(matrices, seed: int, check_epochs=None) -> list:
 def check(found: dict, full: list, epochs: int, matrices) -> dict:
     """Whether the first ``epochs`` epochs rank the rates as the full runs (``full``) do."""
     early = {given: [p for p in record["validations"] if p["epoch"] <= epochs] for given, record in found.items()}
-    # Fewer than K validations: a whole run when patience ended it (its first K epochs are all of
-    # it), else a run cut short (a shortened selection run of fewer epochs) that cannot tell.
-    short = next((given for given in full if len(early[given]) < epochs
-                  and not str(found[given].get("ended_by")).startswith("patience")), None)
-    if short is not None:
-        return {"verdict": "cannot tell", "why": f"{short} has {len(early[short])} validations in epochs 1-{epochs}"}
+    # A run that patience ended within K epochs is whole: its first K epochs are all of it. Any other
+    # run with fewer than K validations there was cut short, and one with no validation after epoch K
+    # (a shortened selection run) ranks the same either way: the check would only repeat itself.
+    for given in full:
+        if str(found[given].get("ended_by")).startswith("patience"):
+            continue
+        if len(early[given]) < epochs:
+            return {"verdict": "cannot tell", "why": f"{given} has {len(early[given])} validations in epochs 1-{epochs}"}
+        if len(early[given]) == len(found[given]["validations"]):
+            return {"verdict": "cannot tell", "why": f"{given} has no validation after epoch {epochs}"}
     order = ranking({given: best(points)[0] for given, points in early.items()}, matrices)
     verdict = "agrees" if order == full else "same choice, other order" if order[0] == full[0] else "disagrees"
     return {"verdict": verdict, "ranking": order}
@@ -255,6 +273,13 @@ def main(argv=None):
         raise UserError("give --matrix LR=PATH for at least 2 learning rates: one rate has nothing to choose from")
     matrices = read_matrices(args.matrix)
     refuse_out_over_inputs(out, matrices)
+    for m in matrices:
+        missing = untabulated(m)
+        if missing:
+            print(f"note: --matrix {m.given}: {len(missing)} runs finished in {m.runs_json.parent} are not in its "
+                  f"runs.json (e.g. {' '.join(map(str, missing[0]))}), left out here: a reproduce command writes the "
+                  f"runs of its own matrix only; rewrite it over the whole matrix with residual-fairseq-reproduce "
+                  f"... --seeds ... --out {m.runs_json.parent} --report-only", flush=True)
     rows = select(matrices, args.selection_seed, args.check_epochs)
     by_rate, runs = {m.given: m for m in matrices}, []
     other_seeds = [seed for seed in seeds if seed != args.selection_seed]

@@ -112,16 +112,19 @@ def test_check_epochs_says_whether_the_first_epochs_rank_the_rates_as_the_full_r
     resi_dual's 2e-3 leads after 3 epochs, 1e-3 in the end (disagrees); b2t's choice holds but the
     others swap (same choice, other order); post_ln's 5e-3 run was cut by its budget after 2
     validations (cannot tell); admin's 5e-3 run ended by patience after 2 (its first 3 epochs are
-    the whole run: agrees)."""
+    the whole run: agrees); deepnet's 1e-3 and 5e-3 runs are shortened selection runs the budget
+    ended after 3 epochs, its chosen 2e-3 run trained on: the check would repeat the selection (cannot tell)."""
     losses = {  # variant: {rate: validation losses}
         "pre_ln": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [6.5, 6.0, 5.5, 5.0]},
         "resi_dual": {"1e-3": [6.0, 5.5, 5.0, 4.3], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [6.5, 6.0, 5.5, 5.0]},
         "b2t": {"1e-3": [5.0, 4.9, 4.8, 4.2], "2e-3": [6.0, 5.9, 5.5, 4.5], "5e-3": [6.0, 5.8, 5.2, 4.6]},
         "post_ln": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [5.0, 4.9]},
         "admin": {"1e-3": [6.0, 5.5, 5.0, 4.5], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [8.0, 8.1]},
+        "deepnet": {"1e-3": [6.0, 5.5, 5.0], "2e-3": [5.8, 5.2, 4.8, 4.4], "5e-3": [6.5, 6.0, 5.5]},
     }
+    budget = {("post_ln", "5e-3"), ("deepnet", "1e-3"), ("deepnet", "5e-3")}
     matrices = {rate: write_matrix(tmp_path / f"lr-{rate}", [
-        record(variant, 1, by_rate[rate], ended_by="budget" if (variant, rate) == ("post_ln", "5e-3") else "patience 5")
+        record(variant, 1, by_rate[rate], ended_by="budget" if (variant, rate) in budget else "patience 5")
         for variant, by_rate in losses.items()])
                 for rate in ("1e-3", "2e-3", "5e-3")}
     choose(matrix_flags(matrices) + ["--out", tmp_path / "best", "--check-epochs", "3"])
@@ -133,6 +136,8 @@ def test_check_epochs_says_whether_the_first_epochs_rank_the_rates_as_the_full_r
     assert rows[("post_ln", 6)]["chosen"] == "2e-3"  # the full runs choose without the check
     assert rows[("post_ln", 6)]["check"]["verdict"] == "cannot tell"
     assert rows[("admin", 6)]["check"] == {"verdict": "agrees", "ranking": ["2e-3", "1e-3", "5e-3"]}
+    assert rows[("deepnet", 6)]["chosen"] == "2e-3"
+    assert rows[("deepnet", 6)]["check"] == {"verdict": "cannot tell", "why": "1e-3 has no validation after epoch 3"}
     text = (tmp_path / "best" / "selection.md").read_text()
     assert table_row(text, "resi_dual").endswith("| 1e-3 | disagrees (2e-3 < 1e-3 < 5e-3) |")
     assert table_row(text, "post_ln").endswith("| 4.900 (2, budget) | 2e-3 (budget-limited: 5e-3 ended by the budget) "
@@ -279,3 +284,21 @@ def test_matrices_of_different_data_are_refused(tmp_path, capsys):
     write_matrix(tmp_path / "b", [dict(record("pre_ln", 1, [4.4]), data="sample-es-en")])
     best_lr.main(["--matrix", f"1e-3={tmp_path / 'a'}", "--matrix", f"2e-3={tmp_path / 'b'}", "--out", str(tmp_path / "best")])
     assert "| sample-es-en | pre_ln | 6 | 4.600 (1) | 4.400 (1) | 2e-3 |" in (tmp_path / "best" / "selection.md").read_text()
+
+
+def test_runs_finished_in_a_matrix_but_missing_from_its_runs_json_are_named(tmp_path, capsys):
+    """A reproduce command over a part of a matrix (one row's other seeds) rewrites runs.json with that
+    part only: the runs finished in the directory that it lacks are named with the command that
+    tabulates the whole, and left out (the row is incomplete, not chosen from a stale record)."""
+    part = write_matrix(tmp_path / "lr-2e-3", [record("pre_ln", 2, [5.0, 4.6])])
+    for name, seed in (("pre_ln-6l", 1), ("pre_ln-6l", 2), ("b2t-6l", 1), ("not-a-run", 1), ("pre_ln-6l", "x")):
+        (part / "runs" / "sample-es-en" / name / f"seed{seed}").mkdir(parents=True)
+        (part / "runs" / "sample-es-en" / name / f"seed{seed}" / "result.json").write_text("{}")
+    whole = write_matrix(tmp_path / "lr-1e-3", [record("pre_ln", 1, [5.0, 4.5])])
+    choose(matrix_flags({"1e-3": whole, "2e-3": part}) + ["--out", tmp_path / "best"])
+    out = capsys.readouterr().out
+    assert (f"note: --matrix 2e-3: 2 runs finished in {part} are not in its runs.json (e.g. sample-es-en b2t 6 1), "
+            "left out here: a reproduce command writes the runs of its own matrix only; rewrite it over the whole "
+            f"matrix with residual-fairseq-reproduce ... --seeds ... --out {part} --report-only") in out
+    assert "--matrix 1e-3" not in out
+    assert selection(tmp_path / "best")[("pre_ln", 6)]["missing"] == ["2e-3"]
