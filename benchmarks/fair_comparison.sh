@@ -8,29 +8,39 @@
 #
 # Steps (in the protocol's order):
 #   dropout  Pre-LN 6 layers seed 1 at dropout 0.1 and 0.3 (dropout 0 is the lr-5e-3 matrix's run)
-#   lr6      every variant at 6 layers, seed 1, at lr 5e-3, 2e-3 and 1e-3 (OUT/lr-RATE)
+#   lr6      every variant at 6 layers, seed 1, at lr 5e-3, 2e-3 and 1e-3 (OUT/lr-RATE), to the full
+#            budget (a run short6 left at SHORT epochs is trained on from its checkpoint: --extend)
 #   lr18     the same at 18 layers
-#   select   residual-fairseq-best-lr over OUT/lr-*: each row's rate, the shortened-selection check
+#   short6   the shortened selection at 6 layers: Pre-LN (the check row) at each rate to the full
+#            budget, the other five variants for SHORT epochs (default 8); short18: at 18 layers
+#   select   residual-fairseq-best-lr over OUT/lr-* (each rate's runs.json first rewritten with every
+#            finished run of its --out): each row's rate, and whether the first SHORT epochs rank the
+#            rates as the full runs do (--check-epochs)
+#   extend   after short6/short18 and select, the rule fixed before any shortened run: at a depth
+#            whose check row (Pre-LN) agrees, each row's chosen run is trained on to the full budget;
+#            where it does not, every run of that depth is (the full selection); then select again
 #   seeds    seeds 2 and 3 of each chosen row at its rate, then select again (the final table:
 #            OUT/best-lr/results.md)
 #   warmup   Post-LN, Pre-LN, ResiDual at 6 and 12 layers, seeds 1-3, lr 1e-3, with (OUT/warmup)
-#            and without (OUT/no-warmup) warm-up
+#            and without (OUT/no-warmup) warm-up; the with-warm-up 6-layer seed-1 runs are lr 1e-3's
+#            (trained on to the full budget first where shortened)
 #   lm6      the language models at 6 layers, seeds 1-3, until flat (OUT/lm); lm24: at 24 layers
 #
 # Environment: DATA (sample-es-en's prepared bin/, default OUT/data/sample-es-en/bin), LM_DATA
 # (sample-lm's, default OUT/data/sample-lm/bin), DROPOUT (step 1's choice, default 0.1), JOBS
-# (runs at a time, default 1), THREADS (per run, default 1), DRY=1 (print, train nothing),
+# (runs at a time, default 1), THREADS (per run, default 1), SHORT (epochs of a shortened
+# selection run, default 8), DRY=1 (print, train nothing),
 # CODE (the checkout whose package trains, default this one: a fixed commit's git worktree
 # keeps code changed meanwhile out of a matrix; the selection always uses this checkout's).
 # Two lanes on a 2-core machine:  fair_comparison.sh OUT lr6 lr18 &  fair_comparison.sh OUT lm6 lm24 &
-set -eu
-[ $# -gt 0 ] || { echo "error: usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)" >&2; exit 2; }
+set -euo pipefail
+[ $# -gt 0 ] || { echo "error: usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 short6 short18 select extend seeds warmup lm6 lm24)" >&2; exit 2; }
 OUT=$1
 shift
-[ $# -gt 0 ] || { echo "error: give at least one step: dropout lr6 lr18 select seeds warmup lm6 lm24" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "error: give at least one step: dropout lr6 lr18 short6 short18 select extend seeds warmup lm6 lm24" >&2; exit 2; }
 for step in "$@"; do
-    case $step in dropout|lr6|lr18|select|seeds|warmup|lm6|lm24) ;;
-        *) echo "error: unknown step $step (steps: dropout lr6 lr18 select seeds warmup lm6 lm24)" >&2; exit 2 ;;
+    case $step in dropout|lr6|lr18|short6|short18|select|extend|seeds|warmup|lm6|lm24) ;;
+        *) echo "error: unknown step $step (steps: dropout lr6 lr18 short6 short18 select extend seeds warmup lm6 lm24)" >&2; exit 2 ;;
     esac
 done
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,11 +50,16 @@ LM_DATA=${LM_DATA:-$OUT/data/sample-lm/bin}
 DROPOUT=${DROPOUT:-0.1}
 RATES="5e-3 2e-3 1e-3"
 BUDGET="--max-epoch 40 --patience 5"
+SHORT=${SHORT:-8}
+case $SHORT in ''|*[!0-9]*|0*) echo "error: SHORT=$SHORT is not a whole number of epochs above 0" >&2; exit 2 ;; esac
+[ "$SHORT" -lt 40 ] || { echo "error: SHORT=$SHORT is not shorter than the 40-epoch budget" >&2; exit 2; }
+CHECK_VARIANT=pre_ln  # the row run in full at every rate, whose check decides the extend step
+SHORTENED="post_ln deepnet admin b2t resi_dual"
 if [ "$DROPOUT" = 0 ]; then D="--dropout 0"; else D="--dropout $DROPOUT --attention-dropout 0.1 --activation-dropout 0.1"; fi
 DRY_FLAG=; [ "${DRY:-0}" = 1 ] && DRY_FLAG=--dry-run
 for step in "$@"; do  # before anything runs: the data each step trains on
     case $step in
-        dropout|lr6|lr18|seeds|warmup) [ -d "$DATA" ] || { echo "error: DATA=$DATA is not a directory (sample-es-en's prepared bin/)" >&2; exit 2; } ;;
+        dropout|lr6|lr18|short6|short18|seeds|warmup) [ -d "$DATA" ] || { echo "error: DATA=$DATA is not a directory (sample-es-en's prepared bin/)" >&2; exit 2; } ;;
         lm6|lm24) [ -d "$LM_DATA" ] || { echo "error: LM_DATA=$LM_DATA is not a directory (sample-lm's prepared bin/)" >&2; exit 2; } ;;
     esac
 done
@@ -62,10 +77,31 @@ selection_run() {  # lr 5e-3's Pre-LN 6-layer seed-1 run is step 1's selection r
 }
 select_rates() {
     local matrices=()
-    for lr in $RATES; do matrices+=(--matrix "$lr=$OUT/lr-$lr"); done
-    echo "+ best-lr ${matrices[*]} --out $OUT/best-lr --check-epochs 8"
+    for lr in $RATES; do
+        # A step's reproduce writes runs.json with its own part of the matrix only: tabulate the whole.
+        echo "+ reproduce --report-only --out $OUT/lr-$lr"
+        [ -n "$DRY_FLAG" ] || python3 "$HERE/scripts/reproduce.py" --dataset sample-es-en --data "$DATA" --layers 6 18 \
+            --seeds 1 2 3 $(selection_run $lr) --out "$OUT/lr-$lr" --report-only >/dev/null
+        matrices+=(--matrix "$lr=$OUT/lr-$lr")
+    done
+    echo "+ best-lr ${matrices[*]} --out $OUT/best-lr --check-epochs $SHORT"
     [ -n "$DRY_FLAG" ] && return 0
-    python3 "$HERE/scripts/best_lr.py" "${matrices[@]}" --out "$OUT/best-lr" --check-epochs 8
+    python3 "$HERE/scripts/best_lr.py" "${matrices[@]}" --out "$OUT/best-lr" --check-epochs "$SHORT"
+}
+runs_to_extend() {  # "variant layers rate" per run the extend step trains on (the rule above)
+    python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+rates, check_variant = sys.argv[2].split(), sys.argv[3]
+for layers in sorted({row["layers"] for row in rows}):
+    check = next((row for row in rows if (row["variant"], row["layers"]) == (check_variant, layers)), None)
+    verdict = ((check or {}).get("check") or {}).get("verdict")
+    agrees = verdict == "agrees"
+    print(f"{layers} layers: the check row {check_variant}: {verdict or chr(45)}, so "
+          + ("each chosen rate is trained on" if agrees else "every rate is trained on"), file=sys.stderr)
+    for row in rows:
+        if row["layers"] == layers and row["chosen"]:
+            for rate in ([row["chosen"]] if agrees else rates):
+                print(row["variant"], layers, rate)' "$OUT/best-lr/selection.json" "$RATES" "$CHECK_VARIANT"
 }
 
 for step in "$@"; do
@@ -78,9 +114,24 @@ for step in "$@"; do
         done ;;
     lr6|lr18)
         for lr in $RATES; do
-            translation --layers "${step#lr}" --seeds 1 $(selection_run $lr) --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D
+            translation --layers "${step#lr}" --seeds 1 $(selection_run $lr) --extend --out "$OUT/lr-$lr" -- \
+                $BUDGET --lr $lr $D
+        done ;;
+    short6|short18)
+        for lr in $RATES; do
+            translation --variants $CHECK_VARIANT --layers "${step#short}" --seeds 1 $(selection_run $lr) \
+                --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D
+            translation --variants $SHORTENED --layers "${step#short}" --seeds 1 --out "$OUT/lr-$lr" -- \
+                --max-epoch $SHORT --patience 5 --lr $lr $D
         done ;;
     select) select_rates ;;
+    extend)
+        [ -f "$OUT/best-lr/selection.json" ] || { echo "error: no $OUT/best-lr/selection.json: run the select step first" >&2; exit 2; }
+        runs_to_extend | while read -r variant layers lr; do
+            translation --variants "$variant" --layers "$layers" --seeds 1 $(selection_run $lr) --extend \
+                --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D </dev/null
+        done
+        select_rates ;;
     seeds)
         [ -f "$OUT/best-lr/selection.json" ] || { echo "error: no $OUT/best-lr/selection.json: run the select step first" >&2; exit 2; }
         python3 -c 'import json, sys
@@ -93,10 +144,14 @@ for row in json.load(open(sys.argv[1]))["rows"]:
         done
         select_rates ;;
     warmup)
-        # lr 1e-3: the 300-update ablation's rate, where Post-LN learns with warm-up (at 5e-3 it fails with it)
+        # lr 1e-3: the 300-update ablation's rate, where Post-LN learns with warm-up (at 5e-3 it fails with it).
+        # The with-warm-up 6-layer seed-1 runs are lr 1e-3's: trained (on) there to the full budget, that
+        # call's runs.json holds exactly them (reproduce checks their flags), and the warmup matrix takes it.
+        translation --variants post_ln pre_ln resi_dual --layers 6 --seeds 1 --extend --out "$OUT/lr-1e-3" -- \
+            $BUDGET --lr 1e-3 $D
         for kind in warmup no-warmup; do
             flag=; [ $kind = no-warmup ] && flag=--no-warmup
-            reuse=; [ $kind = warmup ] && [ -f "$OUT/lr-1e-3/runs.json" ] && reuse="--finished-runs $OUT/lr-1e-3/runs.json"
+            reuse=; [ $kind = warmup ] && { [ -z "$DRY_FLAG" ] || [ -f "$OUT/lr-1e-3/runs.json" ]; } && reuse="--finished-runs $OUT/lr-1e-3/runs.json"
             translation --variants post_ln pre_ln resi_dual --layers 6 12 --seeds 1 2 3 $flag $reuse \
                 --out "$OUT/$kind" -- $BUDGET --lr 1e-3 $D
         done ;;
