@@ -57,11 +57,25 @@ def recorded_name(save_dir) -> Optional[str]:
 
 
 def recorded_extra_args(save_dir) -> Optional[list]:
-    """The fairseq flags given after ``--`` that ``SAVE_DIR/run.json`` records (its
-    ``extra_args`` list, items unchecked), or None."""
-    record = read_any_run_record(save_dir)
+    """The fairseq flags given after ``--`` that ``SAVE_DIR/run.json`` records (its ``extra_args``),
+    or None when there is no run.json or it records none (written before the record had them).
+    A run.json that cannot be read, is not a JSON object, or whose ``extra_args`` is not a list of
+    strings is a UserError: which flags trained the run cannot be told, and a tool comparing them
+    would otherwise take it for a run trained with its own."""
+    path = record_path(save_dir)
+    if not path.exists():
+        return None
+    try:
+        record = _load(path)
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"{path} cannot be read ({err.__class__.__name__}): it is not a run record "
+                        "residual-fairseq-train wrote") from None
     extra = record.get("extra_args") if isinstance(record, dict) else None
-    return extra if isinstance(extra, list) else None
+    if not isinstance(record, dict) or not (extra is None or isinstance(extra, list)
+                                            and all(isinstance(word, str) for word in extra)):
+        raise UserError(f"{path} is not a run record residual-fairseq-train wrote: its flags after -- "
+                        "cannot be read")
+    return extra
 
 
 def read_run_record(save_dir) -> Optional[dict]:

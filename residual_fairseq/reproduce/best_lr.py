@@ -197,7 +197,7 @@ def reproduce_command(row, m: Matrix, selection_seed: int, seeds) -> str:
     words = ["--dataset", row["dataset"], "--data", "DATA", "--variants", row["variant"],
              "--layers", str(row["layers"]), "--seeds", *map(str, seeds), "--out", str(m.runs_json.parent)]
     extra = recorded_extra_args(m.save_dir((row["dataset"], row["variant"], row["layers"], selection_seed)))
-    known = extra is not None and all(isinstance(word, str) for word in extra)
+    known = extra is not None
     return "residual-fairseq-reproduce " + shlex.join(words + (["--", *extra] if known else [])) + (
         "" if known else " -- FLAGS")
 

@@ -302,3 +302,16 @@ def test_runs_finished_in_a_matrix_but_missing_from_its_runs_json_are_named(tmp_
             f"matrix with residual-fairseq-reproduce ... --seeds ... --out {part} --report-only") in out
     assert "--matrix 1e-3" not in out
     assert selection(tmp_path / "best")[("pre_ln", 6)]["missing"] == ["2e-3"]
+
+
+def test_a_run_record_that_cannot_say_its_rate_is_refused_not_skipped(tmp_path, capsys):
+    """A matrix's run.json that is not one train writes cannot say which --lr trained the run: refused
+    with one line naming it (it was read as 'no record', and the mislabelled-matrix check skipped)."""
+    a = write_matrix(tmp_path / "a", [record("pre_ln", 1, [5.0])], lr="1e-3")
+    b = write_matrix(tmp_path / "b", [record("pre_ln", 1, [4.0])], lr="2e-3")
+    damaged = b / "runs" / "sample-es-en" / "pre_ln-6l" / "seed1" / "run.json"
+    damaged.write_text('{"extra_args": "--lr 1e-3"}')
+    line = user_error(capsys, best_lr.main, ["--matrix", f"1e-3={a}", "--matrix", f"2e-3={b}", "--out", tmp_path / "best"])
+    assert line == (f"error: {damaged} is not a run record residual-fairseq-train wrote: its flags after -- "
+                    "cannot be read"), line
+    assert not (tmp_path / "best").exists()

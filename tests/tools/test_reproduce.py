@@ -1001,3 +1001,27 @@ def test_a_run_finished_with_other_fairseq_flags_is_not_tabulated_as_this_matrix
     reproduce.main(argv + ["--", "--lr", "1e-3"])  # the same flags: the finished run is skipped and tabulated
     assert "1 runs (1 finished)" in capsys.readouterr().out
     reproduce.main(argv[:-1] + ["--report-only"])  # tabulating what is there asks no flags
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"{\"name\": \"\xff\"}", "cannot be read (UnicodeDecodeError): it is not a run record residual-fairseq-train wrote"),
+    (b'{"extra_args": ', "cannot be read (JSONDecodeError): it is not a run record residual-fairseq-train wrote"),
+    (b"[]", "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
+    (b'{"extra_args": "--lr 1e-3"}', "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
+    (b'{"extra_args": ["--lr", 0.001]}', "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
+])
+def test_a_finished_runs_record_that_cannot_say_its_flags_is_refused_not_taken_for_this_commands(
+        tmp_path, capsys, content, problem):
+    """A run.json beside a finished run that is not one train writes (damaged, hand-made) cannot tell
+    which flags trained the run: it was read as 'no record' and the run tabulated under this command's."""
+    data = tmp_path / "sample-es-en" / "bin"
+    data.mkdir(parents=True)
+    [run_] = reproduce.matrix({"sample-es-en": data}, tmp_path / "out", ["resi_dual"], layers=[1])
+    _finished(run_, 12.5, 40.0)
+    (run_.save_dir / "run.json").write_bytes(content)
+    argv = ["--dataset", "sample-es-en", "--data", str(data), "--variants", "resi_dual", "--layers", "1",
+            "--out", str(tmp_path / "out"), "--dry-run", "--", "--lr", "1e-3"]
+    assert user_error(capsys, reproduce.main, argv) == f"error: {run_.save_dir / 'run.json'} {problem}"
+    (run_.save_dir / "run.json").write_text(json.dumps({"name": "resi_dual-1l"}))  # older than extra_args
+    reproduce.main(argv)
+    assert "1 runs (1 finished)" in capsys.readouterr().out
