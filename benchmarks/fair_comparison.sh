@@ -51,7 +51,7 @@ DROPOUT=${DROPOUT:-0.1}
 RATES="5e-3 2e-3 1e-3"
 BUDGET="--max-epoch 40 --patience 5"
 SHORT=${SHORT:-8}
-case $SHORT in ''|*[!0-9]*|0*) echo "error: SHORT=$SHORT is not a whole number of epochs above 0" >&2; exit 2 ;; esac
+case $SHORT in ''|*[!0-9]*|0*) echo "error: SHORT=$SHORT is not a whole number of epochs above 0 (digits, no leading 0)" >&2; exit 2 ;; esac
 [ "$SHORT" -lt 40 ] || { echo "error: SHORT=$SHORT is not shorter than the 40-epoch budget" >&2; exit 2; }
 CHECK_VARIANT=pre_ln  # the row run in full at every rate, whose check decides the extend step
 SHORTENED="post_ln deepnet admin b2t resi_dual"
@@ -88,20 +88,32 @@ select_rates() {
     [ -n "$DRY_FLAG" ] && return 0
     python3 "$HERE/scripts/best_lr.py" "${matrices[@]}" --out "$OUT/best-lr" --check-epochs "$SHORT"
 }
-runs_to_extend() {  # "variant layers rate" per run the extend step trains on (the rule above)
-    python3 -c 'import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-rates, check_variant = sys.argv[2].split(), sys.argv[3]
-for layers in sorted({row["layers"] for row in rows}):
-    check = next((row for row in rows if (row["variant"], row["layers"]) == (check_variant, layers)), None)
-    verdict = ((check or {}).get("check") or {}).get("verdict")
-    agrees = verdict == "agrees"
-    print(f"{layers} layers: the check row {check_variant}: {verdict or chr(45)}, so "
-          + ("each chosen rate is trained on" if agrees else "every rate is trained on"), file=sys.stderr)
-    for row in rows:
-        if row["layers"] == layers and row["chosen"]:
-            for rate in ([row["chosen"]] if agrees else rates):
-                print(row["variant"], layers, rate)' "$OUT/best-lr/selection.json" "$RATES" "$CHECK_VARIANT"
+selection() {  # selection chosen|extend: "variant layers rate" per run to train, from best-lr's selection.json
+    # (read as hostile): chosen: each row's chosen rate; extend: the rule of the extend step above
+    local file=$OUT/best-lr/selection.json
+    [ -f "$file" ] || { echo "error: no $file: run the select step first" >&2; return 2; }
+    python3 - "$file" "$RATES" "$CHECK_VARIANT" "$1" <<'PY'
+import json, re, sys
+path, rates, check_variant, mode = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
+try:
+    rows = [(row["variant"], row["layers"], row["chosen"], (row.get("check") or {}).get("verdict"))
+            for row in json.load(open(path, encoding="utf-8"))["rows"]]
+    assert all(re.fullmatch(r"[a-z0-9_]+", variant) and type(layers) is int and layers > 0
+               and (chosen is None or chosen in rates) for variant, layers, chosen, _ in rows)
+except Exception:
+    print(f"error: {path} is not what residual-fairseq-best-lr writes: run the select step again", file=sys.stderr)
+    sys.exit(2)
+for depth in sorted({layers for _, layers, _, _ in rows}):
+    verdict = next((v for variant, layers, _, v in rows if (variant, layers) == (check_variant, depth)), None)
+    each_chosen = mode == "chosen" or verdict == "agrees"
+    if mode == "extend":
+        print(f"{depth} layers: the check row {check_variant}: {verdict or '-'}, so "
+              + ("each chosen rate is trained on" if each_chosen else "every rate is trained on"), file=sys.stderr)
+    for variant, layers, chosen, _ in rows:
+        if layers == depth and chosen:
+            for rate in ([chosen] if each_chosen else rates):
+                print(variant, layers, rate)
+PY
 }
 
 for step in "$@"; do
@@ -126,22 +138,20 @@ for step in "$@"; do
         done ;;
     select) select_rates ;;
     extend)
-        [ -f "$OUT/best-lr/selection.json" ] || { echo "error: no $OUT/best-lr/selection.json: run the select step first" >&2; exit 2; }
-        runs_to_extend | while read -r variant layers lr; do
+        runs=$(selection extend) || exit 2
+        while read -r variant layers lr; do
+            [ -n "$variant" ] || continue
             translation --variants "$variant" --layers "$layers" --seeds 1 $(selection_run $lr) --extend \
                 --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D </dev/null
-        done
+        done <<< "$runs"
         select_rates ;;
     seeds)
-        [ -f "$OUT/best-lr/selection.json" ] || { echo "error: no $OUT/best-lr/selection.json: run the select step first" >&2; exit 2; }
-        python3 -c 'import json, sys
-for row in json.load(open(sys.argv[1]))["rows"]:
-    if row["chosen"]:
-        print(row["variant"], row["layers"], row["chosen"])' "$OUT/best-lr/selection.json" |
+        runs=$(selection chosen) || exit 2
         while read -r variant layers lr; do
+            [ -n "$variant" ] || continue
             translation --variants "$variant" --layers "$layers" --seeds 2 3 $(selection_run $lr) --out "$OUT/lr-$lr" \
                 -- $BUDGET --lr $lr $D </dev/null
-        done
+        done <<< "$runs"
         select_rates ;;
     warmup)
         # lr 1e-3: the 300-update ablation's rate, where Post-LN learns with warm-up (at 5e-3 it fails with it).

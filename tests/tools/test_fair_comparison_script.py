@@ -118,9 +118,9 @@ def test_what_it_cannot_do_is_one_line_and_exit_2_before_training(tmp_path, step
 
 @pytest.mark.slow
 @pytest.mark.parametrize("short, refusal", [
-    ("0", "error: SHORT=0 is not a whole number of epochs above 0"),
-    ("8.5", "error: SHORT=8.5 is not a whole number of epochs above 0"),
-    ("-3", "error: SHORT=-3 is not a whole number of epochs above 0"),
+    ("0", "error: SHORT=0 is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ("8.5", "error: SHORT=8.5 is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ("-3", "error: SHORT=-3 is not a whole number of epochs above 0 (digits, no leading 0)"),
     ("40", "error: SHORT=40 is not shorter than the 40-epoch budget"),
 ])
 def test_a_shortened_run_that_is_not_shorter_is_refused(tmp_path, short, refusal):
@@ -141,3 +141,22 @@ def test_same_training_refuses_what_it_cannot_compare(tmp_path, args, refusal):
                           capture_output=True, text=True, env=CLI_ENV, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == refusal.format(tmp=tmp_path), proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content", [
+    b"\xff{", b'{"rows": 3}', json.dumps({"rows": [selection_row("pre_ln", 6, "5e-3; rm -rf ~", "agrees")]}).encode(),
+    json.dumps({"rows": [selection_row("pre_ln $(id)", 6, "5e-3", "agrees")]}).encode(),
+    json.dumps({"rows": [selection_row("pre_ln", "6 --extend", "5e-3", "agrees")]}).encode(),
+])
+def test_a_selection_that_best_lr_did_not_write_trains_nothing(tmp_path, content):
+    """seeds and extend read best-lr's selection.json as hostile: a rate outside the grid, a variant or
+    depth that is not one would reach reproduce's command line unquoted; one error line, exit 2."""
+    (tmp_path / "best-lr").mkdir()
+    (tmp_path / "best-lr" / "selection.json").write_bytes(content)
+    for step in ("seeds", "extend"):
+        proc = script(tmp_path, step, DATA=str(tmp_path), DRY="1")
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            f"error: {tmp_path}/best-lr/selection.json is not what residual-fairseq-best-lr writes: run the select "
+            "step again"), proc.stderr
+        assert "reproduce" not in proc.stdout
