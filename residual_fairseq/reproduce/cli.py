@@ -196,9 +196,11 @@ def main(argv=None):
     refuse_reports_over_inputs(Path(args.out), data, args.finished_runs)
     runs = matrix(data, Path(args.out), args.variants, args.layers, args.seeds, elsewhere)
     say_where_runs_come_from(runs, elsewhere)
-    if not args.report_only:
-        set_aside(finished_runs_to_extend(runs, passthrough, args.extend), args.dry_run)
-    print(f"{len(runs)} runs ({sum(run.finished for run in runs)} finished); extra fairseq flags: "
+    extended = [] if args.report_only else finished_runs_to_extend(runs, passthrough, args.extend)
+    set_aside(extended, args.dry_run)
+    # A dry run moves nothing: the runs it would extend are said so above, not "skip ... finished" below.
+    shown = [run for run in runs if not (args.dry_run and run in extended)]
+    print(f"{len(runs)} runs ({sum(run.finished for run in shown)} finished); extra fairseq flags: "
           f"{shlex.join(passthrough) or '-'}", flush=True)
     if args.report_only:
         paths = write_reports(runs, Path(args.out))
@@ -207,7 +209,7 @@ def main(argv=None):
     eval_overrides = {"generate_args": args.generate_args} if args.generate_args else {}
     if args.beam:
         eval_overrides["beam"] = args.beam
-    reproduce(runs, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run, args.threads,
+    reproduce(shown, Path(args.out), args.nprocs, passthrough, eval_overrides, args.dry_run, args.threads,
               jobs=args.jobs, verbose=args.verbose, report=not args.no_report)
 
 

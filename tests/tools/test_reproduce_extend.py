@@ -58,8 +58,11 @@ def test_extend_trains_on_the_runs_the_budget_ended_and_keeps_their_results(out,
     asked = ["--max-epoch", "4", "--lr", "1e-3"]
     reproduce.main(argv(data, out, "--extend", "--dry-run", "--", *asked))
     aside = save_dir(out, "post_ln") / "before-extend" / "epoch2"
+    printed = capsys.readouterr().out
     assert (f"would extend sample-es-en post_ln 1L seed 1: move its result files to {aside}, resume from "
-            "checkpoint_last.pt, evaluate again") in capsys.readouterr().out
+            "checkpoint_last.pt, evaluate again") in printed
+    assert "2 runs (1 finished)" in printed and "skip sample-es-en resi_dual 1L seed 1: finished" in printed
+    assert "skip sample-es-en post_ln" not in printed  # it would train on, not be skipped
     assert (save_dir(out, "post_ln") / "result.json").is_file() and not aside.exists()
 
     handed = {}
