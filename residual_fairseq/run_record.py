@@ -62,25 +62,29 @@ def recorded_extra_args(save_dir) -> Optional[list]:
     A run.json that cannot be read, is not a JSON object, or whose ``extra_args`` is not a list of
     strings is a UserError: which flags trained the run cannot be told, and a tool comparing them
     would otherwise take it for a run trained with its own."""
-    path = record_path(save_dir)
-    if not path.exists():
-        return None
-    try:
-        record = _load(path)
-    except (OSError, ValueError, RecursionError) as err:
-        raise UserError(f"{path} cannot be read ({err.__class__.__name__}): it is not a run record "
-                        "residual-fairseq-train wrote") from None
-    extra = record.get("extra_args") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or not (extra is None or isinstance(extra, list)
-                                            and all(isinstance(word, str) for word in extra)):
-        raise UserError(f"{path} is not a run record residual-fairseq-train wrote: its flags after -- "
-                        "cannot be read")
-    return extra
+    record = _read_checked(save_dir, _extra_args_problem)
+    return record.get("extra_args") if record is not None else None
+
+
+def _extra_args_problem(record) -> Optional[str]:
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    extra = record.get("extra_args")
+    if extra is not None and not (isinstance(extra, list) and all(isinstance(word, str) for word in extra)):
+        return "has an 'extra_args' that is not a list of strings"
+    return None
 
 
 def read_run_record(save_dir) -> Optional[dict]:
     """``SAVE_DIR/run.json`` (None when there is none), checked: it comes with a checkpoint
     someone handed over, so one that this tool did not write is a one-line UserError."""
+    return _read_checked(save_dir, run_record_problem)
+
+
+def _read_checked(save_dir, problem_of) -> Optional[dict]:
+    """``SAVE_DIR/run.json`` (None when there is none, or it is not a regular file: a pipe would
+    block); a UserError naming it when it cannot be read or ``problem_of(record)`` names what is
+    unlike a record residual-fairseq-train writes."""
     path = record_path(save_dir)
     if not path.is_file():
         return None
@@ -89,7 +93,7 @@ def read_run_record(save_dir) -> Optional[dict]:
     except (OSError, ValueError, RecursionError) as err:
         record, problem = None, f"cannot be read ({err.__class__.__name__})"
     else:
-        problem = run_record_problem(record)
+        problem = problem_of(record)
     if problem:
         raise UserError(f"{path} {problem}: it is not a run record residual-fairseq-train wrote")
     return record

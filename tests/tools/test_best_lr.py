@@ -312,6 +312,6 @@ def test_a_run_record_that_cannot_say_its_rate_is_refused_not_skipped(tmp_path, 
     damaged = b / "runs" / "sample-es-en" / "pre_ln-6l" / "seed1" / "run.json"
     damaged.write_text('{"extra_args": "--lr 1e-3"}')
     line = user_error(capsys, best_lr.main, ["--matrix", f"1e-3={a}", "--matrix", f"2e-3={b}", "--out", tmp_path / "best"])
-    assert line == (f"error: {damaged} is not a run record residual-fairseq-train wrote: its flags after -- "
-                    "cannot be read"), line
+    assert line == (f"error: {damaged} has an 'extra_args' that is not a list of strings: it is not a run record "
+                    "residual-fairseq-train wrote"), line
     assert not (tmp_path / "best").exists()

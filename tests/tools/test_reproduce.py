@@ -1006,9 +1006,11 @@ def test_a_run_finished_with_other_fairseq_flags_is_not_tabulated_as_this_matrix
 @pytest.mark.parametrize("content, problem", [
     (b"{\"name\": \"\xff\"}", "cannot be read (UnicodeDecodeError): it is not a run record residual-fairseq-train wrote"),
     (b'{"extra_args": ', "cannot be read (JSONDecodeError): it is not a run record residual-fairseq-train wrote"),
-    (b"[]", "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
-    (b'{"extra_args": "--lr 1e-3"}', "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
-    (b'{"extra_args": ["--lr", 0.001]}', "is not a run record residual-fairseq-train wrote: its flags after -- cannot be read"),
+    (b"[]", "is not a JSON object: it is not a run record residual-fairseq-train wrote"),
+    (b'{"extra_args": "--lr 1e-3"}',
+     "has an 'extra_args' that is not a list of strings: it is not a run record residual-fairseq-train wrote"),
+    (b'{"extra_args": ["--lr", 0.001]}',
+     "has an 'extra_args' that is not a list of strings: it is not a run record residual-fairseq-train wrote"),
 ])
 def test_a_finished_runs_record_that_cannot_say_its_flags_is_refused_not_taken_for_this_commands(
         tmp_path, capsys, content, problem):
