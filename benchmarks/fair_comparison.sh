@@ -28,8 +28,8 @@
 #
 # Environment: DATA (sample-es-en's prepared bin/, default OUT/data/sample-es-en/bin), LM_DATA
 # (sample-lm's, default OUT/data/sample-lm/bin), DROPOUT (step 1's choice, default 0.1), JOBS
-# (runs at a time, default 1), THREADS (per run, default 1), SHORT (epochs of a shortened
-# selection run, default 8), DRY=1 (print, train nothing),
+# (runs at a time, default 1), THREADS (per run, default 1), FULL (the epoch budget, default 40:
+# the protocol's), SHORT (epochs of a shortened selection run, default 8), DRY=1 (print, train nothing),
 # CODE (the checkout whose package trains, default this one: a fixed commit's git worktree
 # keeps code changed meanwhile out of a matrix; the selection always uses this checkout's).
 # Two lanes on a 2-core machine:  fair_comparison.sh OUT lr6 lr18 &  fair_comparison.sh OUT lm6 lm24 &
@@ -49,10 +49,13 @@ DATA=${DATA:-$OUT/data/sample-es-en/bin}
 LM_DATA=${LM_DATA:-$OUT/data/sample-lm/bin}
 DROPOUT=${DROPOUT:-0.1}
 RATES="5e-3 2e-3 1e-3"
-BUDGET="--max-epoch 40 --patience 5"
+FULL=${FULL:-40}
 SHORT=${SHORT:-8}
-case $SHORT in ''|*[!0-9]*|0*) echo "error: SHORT=$SHORT is not a whole number of epochs above 0 (digits, no leading 0)" >&2; exit 2 ;; esac
-[ "$SHORT" -lt 40 ] || { echo "error: SHORT=$SHORT is not shorter than the 40-epoch budget" >&2; exit 2; }
+for name in FULL SHORT; do
+    case ${!name} in ''|*[!0-9]*|0*) echo "error: $name=${!name} is not a whole number of epochs above 0 (digits, no leading 0)" >&2; exit 2 ;; esac
+done
+[ "$SHORT" -lt "$FULL" ] || { echo "error: SHORT=$SHORT is not shorter than the $FULL-epoch budget (FULL)" >&2; exit 2; }
+BUDGET="--max-epoch $FULL --patience 5"
 CHECK_VARIANT=pre_ln  # the row run in full at every rate, whose check decides the extend step
 SHORTENED="post_ln deepnet admin b2t resi_dual"
 if [ "$DROPOUT" = 0 ]; then D="--dropout 0"; else D="--dropout $DROPOUT --attention-dropout 0.1 --activation-dropout 0.1"; fi

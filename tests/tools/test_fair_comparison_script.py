@@ -117,14 +117,16 @@ def test_what_it_cannot_do_is_one_line_and_exit_2_before_training(tmp_path, step
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("short, refusal", [
-    ("0", "error: SHORT=0 is not a whole number of epochs above 0 (digits, no leading 0)"),
-    ("8.5", "error: SHORT=8.5 is not a whole number of epochs above 0 (digits, no leading 0)"),
-    ("-3", "error: SHORT=-3 is not a whole number of epochs above 0 (digits, no leading 0)"),
-    ("40", "error: SHORT=40 is not shorter than the 40-epoch budget"),
+@pytest.mark.parametrize("env, refusal", [
+    ({"SHORT": "0"}, "error: SHORT=0 is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ({"SHORT": "8.5"}, "error: SHORT=8.5 is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ({"SHORT": "-3"}, "error: SHORT=-3 is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ({"FULL": "4O"}, "error: FULL=4O is not a whole number of epochs above 0 (digits, no leading 0)"),
+    ({"SHORT": "40"}, "error: SHORT=40 is not shorter than the 40-epoch budget (FULL)"),
+    ({"FULL": "8"}, "error: SHORT=8 is not shorter than the 8-epoch budget (FULL)"),
 ])
-def test_a_shortened_run_that_is_not_shorter_is_refused(tmp_path, short, refusal):
-    proc = script(tmp_path, "short6", DATA=str(tmp_path), SHORT=short)
+def test_a_budget_that_is_not_one_or_a_shortened_run_that_is_not_shorter_is_refused(tmp_path, env, refusal):
+    proc = script(tmp_path, "short6", DATA=str(tmp_path), **env)
     assert proc.returncode == 2 and proc.stderr.strip() == refusal, proc.stderr
     assert not list(tmp_path.iterdir())
 
