@@ -74,17 +74,20 @@ reproduce() {  # reproduce FLAGS... -- FAIRSEQ_FLAGS...
         echo "note: that reproduce exited $? (a failed run is named in its tables); going on"
 }
 translation() { reproduce --dataset sample-es-en --data "$DATA" "$@"; }
-selection_run() {  # lr 5e-3's Pre-LN 6-layer seed-1 run is step 1's selection run at the chosen dropout
-    [ "$1" = 5e-3 ] && [ -f "$OUT/dropout-$DROPOUT/runs.json" ] && echo "--finished-runs $OUT/dropout-$DROPOUT/runs.json"
-    return 0
+reuse_for() {  # REUSE: rate $1's --finished-runs flags (lr 5e-3's Pre-LN 6-layer seed-1 run is step 1's
+    REUSE=()     # selection run at the chosen dropout); an array, so that a path with spaces stays one word
+    if [ "$1" = 5e-3 ] && [ -f "$OUT/dropout-$DROPOUT/runs.json" ]; then
+        REUSE=(--finished-runs "$OUT/dropout-$DROPOUT/runs.json")
+    fi
 }
 select_rates() {
     local matrices=()
     for lr in $RATES; do
         # A step's reproduce writes runs.json with its own part of the matrix only: tabulate the whole.
         echo "+ reproduce --report-only --out $OUT/lr-$lr"
+        reuse_for $lr
         [ -n "$DRY_FLAG" ] || python3 "$HERE/scripts/reproduce.py" --dataset sample-es-en --data "$DATA" --layers 6 18 \
-            --seeds 1 2 3 $(selection_run $lr) --out "$OUT/lr-$lr" --report-only >/dev/null
+            --seeds 1 2 3 "${REUSE[@]}" --out "$OUT/lr-$lr" --report-only >/dev/null
         matrices+=(--matrix "$lr=$OUT/lr-$lr")
     done
     echo "+ best-lr ${matrices[*]} --out $OUT/best-lr --check-epochs $SHORT"
@@ -129,12 +132,14 @@ for step in "$@"; do
         done ;;
     lr6|lr18)
         for lr in $RATES; do
-            translation --layers "${step#lr}" --seeds 1 $(selection_run $lr) --extend --out "$OUT/lr-$lr" -- \
+            reuse_for $lr
+            translation --layers "${step#lr}" --seeds 1 "${REUSE[@]}" --extend --out "$OUT/lr-$lr" -- \
                 $BUDGET --lr $lr $D
         done ;;
     short6|short18)
         for lr in $RATES; do
-            translation --variants $CHECK_VARIANT --layers "${step#short}" --seeds 1 $(selection_run $lr) \
+            reuse_for $lr
+            translation --variants $CHECK_VARIANT --layers "${step#short}" --seeds 1 "${REUSE[@]}" \
                 --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D
             translation --variants $SHORTENED --layers "${step#short}" --seeds 1 --out "$OUT/lr-$lr" -- \
                 --max-epoch $SHORT --patience 5 --lr $lr $D
@@ -144,7 +149,8 @@ for step in "$@"; do
         runs=$(selection extend) || exit 2
         while read -r variant layers lr; do
             [ -n "$variant" ] || continue
-            translation --variants "$variant" --layers "$layers" --seeds 1 $(selection_run $lr) --extend \
+            reuse_for $lr
+            translation --variants "$variant" --layers "$layers" --seeds 1 "${REUSE[@]}" --extend \
                 --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D </dev/null
         done <<< "$runs"
         select_rates ;;
@@ -152,7 +158,8 @@ for step in "$@"; do
         runs=$(selection chosen) || exit 2
         while read -r variant layers lr; do
             [ -n "$variant" ] || continue
-            translation --variants "$variant" --layers "$layers" --seeds 2 3 $(selection_run $lr) --out "$OUT/lr-$lr" \
+            reuse_for $lr
+            translation --variants "$variant" --layers "$layers" --seeds 2 3 "${REUSE[@]}" --out "$OUT/lr-$lr" \
                 -- $BUDGET --lr $lr $D </dev/null
         done <<< "$runs"
         select_rates ;;
@@ -164,8 +171,9 @@ for step in "$@"; do
             $BUDGET --lr 1e-3 $D
         for kind in warmup no-warmup; do
             flag=; [ $kind = no-warmup ] && flag=--no-warmup
-            reuse=; [ $kind = warmup ] && { [ -z "$DRY_FLAG" ] || [ -f "$OUT/lr-1e-3/runs.json" ]; } && reuse="--finished-runs $OUT/lr-1e-3/runs.json"
-            translation --variants post_ln pre_ln resi_dual --layers 6 12 --seeds 1 2 3 $flag $reuse \
+            REUSE=(); [ $kind = warmup ] && { [ -z "$DRY_FLAG" ] || [ -f "$OUT/lr-1e-3/runs.json" ]; } &&
+                REUSE=(--finished-runs "$OUT/lr-1e-3/runs.json")
+            translation --variants post_ln pre_ln resi_dual --layers 6 12 --seeds 1 2 3 $flag "${REUSE[@]}" \
                 --out "$OUT/$kind" -- $BUDGET --lr 1e-3 $D
         done ;;
     lm6|lm24)

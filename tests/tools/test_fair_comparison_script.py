@@ -21,10 +21,12 @@ def script(out, *steps, **env):
 @pytest.mark.slow
 def test_each_step_trains_with_the_protocols_flags(toy_data_bin, tmp_path):
     """Dry: step 1 trains Pre-LN 6L at dropout 0.1 and 0.3; lr6 trains the six variants at each rate with
-    the chosen dropout, lr 5e-3 taking step 1's run at that dropout from its runs.json."""
-    (tmp_path / "dropout-0.1").mkdir()
-    (tmp_path / "dropout-0.1" / "runs.json").write_text("[]\n")
-    proc = script(tmp_path, "dropout", "lr6", DRY="1", DATA=str(toy_data_bin))
+    the chosen dropout, lr 5e-3 taking step 1's run at that dropout from its runs.json (an OUT with a
+    space: the path stays one word)."""
+    out = tmp_path / "fair comparison"
+    (out / "dropout-0.1").mkdir(parents=True)
+    (out / "dropout-0.1" / "runs.json").write_text("[]\n")
+    proc = script(out, "dropout", "lr6", DRY="1", DATA=str(toy_data_bin))
     assert proc.returncode == 0, proc.stderr[-3000:]
     trains = [line for line in proc.stdout.splitlines() if "fairseq-train" in line]
     assert len(trains) == 2 + 3 * 6, proc.stdout[-3000:]
@@ -34,10 +36,11 @@ def test_each_step_trains_with_the_protocols_flags(toy_data_bin, tmp_path):
                                 "--activation-dropout 0.1"), command
     for lr, commands in zip(("5e-3", "2e-3", "1e-3"), (trains[2:8], trains[8:14], trains[14:20])):
         assert all(command.endswith(SELECTED.format(lr=lr)) for command in commands), commands
-    assert f"--finished-runs {tmp_path}/dropout-0.1/runs.json --extend --out {tmp_path}/lr-5e-3" in proc.stdout
+    assert f"--finished-runs {out}/dropout-0.1/runs.json --extend --out {out}/lr-5e-3" in proc.stdout
     assert [line.count("--finished-runs") for line in proc.stdout.splitlines() if line.startswith("+ reproduce")] == [
         0, 0, 1, 0, 0], proc.stdout[-3000:]
-    assert not (tmp_path / "lr-5e-3" / "runs.json").exists()
+    assert "note: that reproduce exited" not in proc.stdout
+    assert not (out / "lr-5e-3" / "runs.json").exists()
 
 
 def reproduce_lines(stdout):
