@@ -24,7 +24,8 @@
 #   warmup   Post-LN, Pre-LN, ResiDual at 6 and 12 layers, seeds 1-3, lr 1e-3, with (OUT/warmup)
 #            and without (OUT/no-warmup) warm-up; the with-warm-up 6-layer seed-1 runs are lr 1e-3's
 #            (trained on to the full budget first where shortened)
-#   lm6      the language models at 6 layers, seeds 1-3, until flat (OUT/lm); lm24: at 24 layers
+#   lm6      the language models at 6 layers, seeds 1-3, until flat (patience 5, at most 60 epochs;
+#            OUT/lm); lm24: at 24 layers
 #
 # Environment: DATA (sample-es-en's prepared bin/, default OUT/data/sample-es-en/bin), LM_DATA
 # (sample-lm's, default OUT/data/sample-lm/bin), DROPOUT (step 1's choice, default 0.1), JOBS
@@ -32,7 +33,9 @@
 # the protocol's), SHORT (epochs of a shortened selection run, default 8), DRY=1 (print, train nothing),
 # CODE (the checkout whose package trains, default this one: a fixed commit's git worktree
 # keeps code changed meanwhile out of a matrix; the selection always uses this checkout's).
-# Two lanes on a 2-core machine:  fair_comparison.sh OUT lr6 lr18 &  fair_comparison.sh OUT lm6 lm24 &
+# Two lanes on a 2-core machine:  fair_comparison.sh OUT short6 select extend seeds &
+#                                 fair_comparison.sh OUT lm6 lm24 &
+# (lr6, lr18, extend and warmup pass --extend: CODE must be a checkout that has it.)
 set -euo pipefail
 [ $# -gt 0 ] || { echo "error: usage: fair_comparison.sh OUT STEP... (steps: dropout lr6 lr18 short6 short18 select extend seeds warmup lm6 lm24)" >&2; exit 2; }
 OUT=$1
