@@ -29,6 +29,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional, Tuple
 
 import yaml
 
@@ -99,6 +100,12 @@ def dataset_dir(dataset: str) -> Path:
 
 def config_name(variant: str, layers: int) -> str:
     return f"{variant}-{layers}l"
+
+
+def parse_config_name(name: str) -> Optional[Tuple[str, int]]:
+    """(variant, layers) of a :func:`config_name` (``resi_dual-6l``), or None for any other name."""
+    variant, _, depth = name.rpartition("-")
+    return (variant, int(depth[:-1])) if variant and depth.endswith("l") and is_digits(depth[:-1]) else None
 
 
 # Deeper than this cannot be meant (DeepNet's deepest model has 1000 layers in all).

@@ -30,9 +30,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, refuse_repeats, same_file
+from ..argtypes import MAX_SEED, check_output_dir, is_digits, int_at_least, positive_int, refuse_repeats, same_file
 from ..atomic import write_text_atomically
-from ..configs import config_name
+from ..configs import config_name, parse_config_name
 from ..errors import UserError, cli_main
 from ..passthrough import flag_value
 from ..run_record import recorded_extra_args
@@ -101,11 +101,10 @@ def untabulated(m: Matrix) -> list:
     lacks: a later reproduce command over a part of the matrix (one row's other seeds...) rewrote
     it with that part's runs only."""
     keys = set()
-    for result in sorted(m.runs_json.parent.glob(f"runs/*/*/seed*/{RESULT_NAME}")):
-        variant, _, depth = result.parent.parent.name.rpartition("-")
-        seed, layers = result.parent.name[len("seed"):], depth[:-1]
-        if variant and depth.endswith("l") and layers.isdigit() and seed.isdigit():
-            keys.add((result.parent.parent.parent.name, variant, int(layers), int(seed)))
+    for result in m.runs_json.parent.glob(f"runs/*/*/seed*/{RESULT_NAME}"):
+        config, seed = parse_config_name(result.parent.parent.name), result.parent.name[len("seed"):]
+        if config and is_digits(seed):
+            keys.add((result.parent.parent.parent.name, *config, int(seed)))
     return sorted(key for key in keys if key not in m.records)
 
 

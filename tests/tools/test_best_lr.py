@@ -291,7 +291,8 @@ def test_runs_finished_in_a_matrix_but_missing_from_its_runs_json_are_named(tmp_
     part only: the runs finished in the directory that it lacks are named with the command that
     tabulates the whole, and left out (the row is incomplete, not chosen from a stale record)."""
     part = write_matrix(tmp_path / "lr-2e-3", [record("pre_ln", 2, [5.0, 4.6])])
-    for name, seed in (("pre_ln-6l", 1), ("pre_ln-6l", 2), ("b2t-6l", 1), ("not-a-run", 1), ("pre_ln-6l", "x")):
+    for name, seed in (("pre_ln-6l", 1), ("pre_ln-6l", 2), ("b2t-6l", 1), ("not-a-run", 1), ("pre_ln-6l", "x"),
+                       ("pre_ln-6l", "\u00b2"), ("pre_ln-\u00b2l", 1)):  # "²": str.isdigit, not int()
         (part / "runs" / "sample-es-en" / name / f"seed{seed}").mkdir(parents=True)
         (part / "runs" / "sample-es-en" / name / f"seed{seed}" / "result.json").write_text("{}")
     whole = write_matrix(tmp_path / "lr-1e-3", [record("pre_ln", 1, [5.0, 4.5])])
