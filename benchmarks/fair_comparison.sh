@@ -124,6 +124,15 @@ for depth in sorted({layers for _, layers, _, _ in rows}):
                 print(variant, layers, rate)
 PY
 }
+train_each() {  # train_each RUNS FLAGS...: per "variant layers rate" line of RUNS (selection's), that row at
+    local variant layers lr  # that rate into the rate's --out, with FLAGS (the seeds, --extend)
+    while read -r variant layers lr; do
+        [ -n "$variant" ] || continue
+        reuse_for $lr
+        translation --variants "$variant" --layers "$layers" "${@:2}" "${REUSE[@]}" --out "$OUT/lr-$lr" -- \
+            $BUDGET --lr $lr $D </dev/null
+    done <<< "$1"
+}
 
 for step in "$@"; do
     echo "=== $step ($(date -u '+%F %T') UTC)"
@@ -150,21 +159,11 @@ for step in "$@"; do
     select) select_rates ;;
     extend)
         runs=$(selection extend) || exit 2
-        while read -r variant layers lr; do
-            [ -n "$variant" ] || continue
-            reuse_for $lr
-            translation --variants "$variant" --layers "$layers" --seeds 1 "${REUSE[@]}" --extend \
-                --out "$OUT/lr-$lr" -- $BUDGET --lr $lr $D </dev/null
-        done <<< "$runs"
+        train_each "$runs" --seeds 1 --extend
         select_rates ;;
     seeds)
         runs=$(selection chosen) || exit 2
-        while read -r variant layers lr; do
-            [ -n "$variant" ] || continue
-            reuse_for $lr
-            translation --variants "$variant" --layers "$layers" --seeds 2 3 "${REUSE[@]}" --out "$OUT/lr-$lr" \
-                -- $BUDGET --lr $lr $D </dev/null
-        done <<< "$runs"
+        train_each "$runs" --seeds 2 3
         select_rates ;;
     warmup)
         # lr 1e-3: the 300-update ablation's rate, where Post-LN learns with warm-up (at 5e-3 it fails with it).
