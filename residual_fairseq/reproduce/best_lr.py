@@ -30,15 +30,14 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..argtypes import MAX_SEED, check_output_dir, is_digits, int_at_least, positive_int, refuse_repeats, same_file
+from ..argtypes import MAX_SEED, check_output_dir, int_at_least, positive_int, refuse_repeats, same_file
 from ..atomic import write_text_atomically
-from ..configs import config_name, parse_config_name
 from ..errors import UserError, cli_main
 from ..passthrough import flag_value
 from ..run_record import recorded_extra_args
 from .records import best_validation, data_label, read_finished_runs
 from .report import REPORT_NAMES, write_reports
-from .runs import RESULT_NAME, matrix
+from .runs import finished_run_keys, matrix, run_dir
 
 OUTPUT_NAMES = ("selection.md", "selection.json") + REPORT_NAMES
 
@@ -51,8 +50,7 @@ class Matrix:
     records: dict     # read_finished_runs of runs_json
 
     def save_dir(self, key) -> Path:  # reproduce's layout around its runs.json
-        dataset, variant, layers, seed = key
-        return self.runs_json.parent / "runs" / dataset / config_name(variant, layers) / f"seed{seed}"
+        return run_dir(self.runs_json.parent, *key)
 
 
 def as_rate(text):
@@ -100,12 +98,7 @@ def untabulated(m: Matrix) -> list:
     """The runs finished in ``m``'s directory (reproduce's layout: a result.json) that its runs.json
     lacks: a later reproduce command over a part of the matrix (one row's other seeds...) rewrote
     it with that part's runs only."""
-    keys = set()
-    for result in m.runs_json.parent.glob(f"runs/*/*/seed*/{RESULT_NAME}"):
-        config, seed = parse_config_name(result.parent.parent.name), result.parent.name[len("seed"):]
-        if config and is_digits(seed):
-            keys.add((result.parent.parent.parent.name, *config, int(seed)))
-    return sorted(key for key in keys if key not in m.records)
+    return sorted(key for key in finished_run_keys(m.runs_json.parent) if key not in m.records)
 
 
 def refuse_other_rate(m: Matrix) -> None:
@@ -212,7 +205,7 @@ def incomplete(row, seed: int) -> str:
 
 def selection_markdown(rows, matrices, seed: int, check_epochs) -> str:
     rates = [m.given for m in matrices]
-    lines = [f"# Each variant at its own best learning rate\n",
+    lines = ["# Each variant at its own best learning rate\n",
              f"Per row, the rate whose seed-{seed} run has the lowest best validation loss (its epoch in brackets; "
              f"a run that did not learn is compared like any other; \"budget\": the epoch/update budget ended it, "
              f"not patience); a tie goes to the smaller rate. A choice is budget-limited where a rate it beat was "

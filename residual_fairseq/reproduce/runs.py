@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import configs, train
-from ..argtypes import is_finite_number, read_regular_file
+from ..argtypes import is_digits, is_finite_number, read_regular_file
 from ..data.prepared import is_prepare_manifest, read_manifest
 from ..errors import UserError
 from ..language_models import check_eval_lm_extra_args
@@ -28,6 +28,22 @@ FAILURE_MAX_CHARS = 500               # a table cell, not a log
 _RESULT_KEYS = {"test_tok_bleu": "tokenized_bleu.score", "test_bleu": "sacrebleu.score", "test_chrf": "chrf.score",
                 "test_ppl": "perplexity", "test_loss": "loss_base2", "an odd beam": "an odd generation.beam",
                 "sacrebleu_signature": "sacrebleu.signature"}
+
+
+def run_dir(out, dataset: str, variant: str, layers: int, seed: int) -> Path:
+    """The directory of a run of the matrix under ``out`` (the layout above)."""
+    return Path(out) / "runs" / dataset / configs.config_name(variant, layers) / f"seed{seed}"
+
+
+def finished_run_keys(out) -> set:
+    """(dataset, variant, layers, seed) of each run under ``out`` with a result.json, read back from
+    the layout above; directories the layout does not name (``seed²``, ``notes``) are not runs."""
+    keys = set()
+    for result in Path(out).glob(f"runs/*/*/seed*/{RESULT_NAME}"):
+        config, seed = configs.parse_config_name(result.parent.parent.name), result.parent.name[len("seed"):]
+        if config and is_digits(seed):
+            keys.add((result.parent.parent.parent.name, *config, int(seed)))
+    return keys
 
 
 def recordable_validation(point: dict) -> Optional[dict]:
@@ -80,7 +96,7 @@ class Run:
 
     @property
     def save_dir(self) -> Path:
-        return self.out / "runs" / self.dataset / configs.config_name(self.variant, self.layers) / f"seed{self.seed}"
+        return run_dir(self.out, self.dataset, self.variant, self.layers, self.seed)
 
     @property
     def result_path(self) -> Path:
