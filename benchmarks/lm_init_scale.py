@@ -18,6 +18,16 @@ For each variant, depth and seed this measures, on real validation blocks of sam
   initial loss is its output scale, this column is the same for every variant.
 
     PYTHONPATH=<checkout> python3 benchmarks/lm_init_scale.py DATA/sample-lm/bin [--seeds 1 2 3] [--layers 6 24]
+
+With ``--trained LABEL=CHECKPOINT ...`` it measures trained language models instead, on every
+validation block, and asks whether their output scale still costs anything: ``best_scale`` is
+the one factor on the logits (a temperature; the logits are linear in the output features) that
+minimises the validation loss, and ``loss_best_scale`` the loss there. A model whose scale is
+right has ``best_scale`` ~1 and gains nothing from it; if a gap between variants is their
+scale, it closes at each one's best scale.
+
+    PYTHONPATH=<checkout> python3 benchmarks/lm_init_scale.py DATA/sample-lm/bin \\
+        --trained pre_ln=RUNS/pre_ln-6l/seed1/checkpoint_best.pt resi_dual=RUNS/resi_dual-6l/seed1/checkpoint_best.pt
 """
 import argparse
 import math
@@ -25,9 +35,11 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
 
 from fairseq.data import Dictionary, data_utils
 
+from residual_fairseq.errors import UserError, cli_main
 from residual_fairseq.variants import LM_VARIANTS, build_language_model
 
 SIZES = dict(decoder_embed_dim=64, decoder_input_dim=64, decoder_output_dim=64, decoder_ffn_embed_dim=256,
@@ -36,12 +48,12 @@ SIZES = dict(decoder_embed_dim=64, decoder_input_dim=64, decoder_output_dim=64, 
 
 
 def validation_blocks(data_bin, block: int = 128, count: int = 32):
-    """The first ``count`` blocks of ``block + 1`` tokens of the validation stream."""
+    """The first ``count`` (``None``: all) blocks of ``block + 1`` tokens of the validation stream."""
     dictionary = Dictionary.load(f"{data_bin}/dict.txt")
     dataset = data_utils.load_indexed_dataset(f"{data_bin}/valid", dictionary)
     stream = torch.cat([dataset[i] for i in range(len(dataset))])
     usable = (len(stream) - 1) // block
-    count = min(count, usable)
+    count = usable if count is None else min(count, usable)
     blocks = torch.stack([stream[i * block:(i + 1) * block + 1] for i in range(count)])
     return dictionary, blocks
 
@@ -60,13 +72,70 @@ def measure(model, blocks) -> dict:
             "loss": nats.item() / math.log(2), "loss_unit_rms": nats_unit.item() / math.log(2)}
 
 
+def best_scale(logits, targets) -> tuple:
+    """The factor ``c`` on the logits that minimises their cross entropy, and that loss in bits.
+
+    The loss is convex in ``c`` (a log-sum-exp of terms linear in ``c``, minus one linear
+    term), so a bounded one-dimensional search finds its minimum."""
+    logits, targets = logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+
+    def bits(c):
+        return F.cross_entropy(c * logits, targets).item() / math.log(2)
+
+    found = minimize_scalar(bits, bounds=(0.05, 20.0), method="bounded", options={"xatol": 1e-4})
+    return float(found.x), float(found.fun)
+
+
+@torch.no_grad()
+def measure_trained(model, blocks) -> dict:
+    """:func:`measure` plus the best logit scale and the loss there (see the module's docstring)."""
+    model.eval()
+    features, _ = model.decoder.extract_features(blocks[:, :-1], None)
+    logits = model.decoder.output_layer(features)
+    scale, loss_at_scale = best_scale(logits, blocks[:, 1:])
+    return {**measure(model, blocks), "best_scale": scale, "loss_best_scale": loss_at_scale}
+
+
+def checkpoint_spec(text: str) -> tuple:
+    """``LABEL=CHECKPOINT`` of ``--trained``."""
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"expected LABEL=CHECKPOINT, got {text!r}")
+    return label, path
+
+
+def trained_table(data_bin, specs) -> None:
+    from residual_fairseq import load_language_model
+
+    dictionary, blocks = validation_blocks(data_bin, count=None)
+    models = []  # every checkpoint read and checked before the table starts
+    for label, path in specs:
+        model = load_language_model(path, data=data_bin, cpu=True).hub.models[0]
+        if len(model.decoder.dictionary) != len(dictionary):
+            raise UserError(f"{path}: its dictionary has {len(model.decoder.dictionary)} entries, "
+                            f"{data_bin}/dict.txt {len(dictionary)}: not this data's model")
+        models.append((label, model))
+    print(f"{len(blocks)} validation blocks of {blocks.shape[1] - 1} tokens (all of them); vocabulary {len(dictionary)}")
+    print("| model | output RMS | logit std | valid loss (bits) | best logit scale | loss at the best scale (bits) |")
+    print("|---|---|---|---|---|---|")
+    for label, model in models:
+        row = measure_trained(model, blocks)
+        print(f"| {label} | {row['rms']:.3f} | {row['logit_std']:.3f} | {row['loss']:.4f} | "
+              f"{row['best_scale']:.3f} | {row['loss_best_scale']:.4f} |")
+
+
+@cli_main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_bin")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--layers", type=int, nargs="+", default=[6, 24])
+    parser.add_argument("--trained", type=checkpoint_spec, nargs="+", metavar="LABEL=CHECKPOINT",
+                        help="measure these trained language models instead of fresh ones")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.trained:
+        return trained_table(args.data_bin, args.trained)
     dictionary, blocks = validation_blocks(args.data_bin)
     print(f"{len(blocks)} validation blocks of {blocks.shape[1] - 1} tokens; vocabulary {len(dictionary)} "
           f"(uniform: {math.log2(len(dictionary)):.2f} bits)")
