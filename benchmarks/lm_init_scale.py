@@ -1,4 +1,4 @@
-"""Why a fresh ResiDual language model starts at a higher loss than Pre-LN: its output scale.
+"""A ResiDual language model's output scale against the baselines': why a fresh one starts at a higher loss, and whether a trained one's scale still costs anything.
 
 ResiDual's decoder output is ``y = x_N + LN_final(d_N)``: the sum of two unit-scale terms
 (``x_N`` leaves a LayerNorm, and so does ``LN_final(d_N)``), so at initialisation its
