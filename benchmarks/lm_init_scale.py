@@ -51,8 +51,12 @@ def validation_blocks(data_bin, block: int = 128, count: int = 32):
     """The first ``count`` (``None``: all) blocks of ``block + 1`` tokens of the validation stream."""
     dictionary = Dictionary.load(f"{data_bin}/dict.txt")
     dataset = data_utils.load_indexed_dataset(f"{data_bin}/valid", dictionary)
+    if dataset is None:
+        raise UserError(f"{data_bin} holds no binarized validation split (valid.bin/.idx): pass a prepared bin/")
     stream = torch.cat([dataset[i] for i in range(len(dataset))])
     usable = (len(stream) - 1) // block
+    if usable < 1:
+        raise UserError(f"{data_bin}/valid holds {len(stream)} tokens: fewer than one block of {block + 1}")
     count = usable if count is None else min(count, usable)
     blocks = torch.stack([stream[i * block:(i + 1) * block + 1] for i in range(count)])
     return dictionary, blocks

@@ -44,3 +44,14 @@ def test_checkpoint_spec_needs_a_label_and_a_path():
     for bad in ("checkpoint_best.pt", "=checkpoint_best.pt", "resi_dual="):
         with pytest.raises(Exception, match="expected LABEL=CHECKPOINT"):
             bench.checkpoint_spec(bad)
+
+
+def test_a_data_dir_without_a_validation_split_is_one_error_line(tmp_path, capsys):
+    """A dictionary but no binarized valid split: one ``error:`` line and exit 2, no table started."""
+    (tmp_path / "dict.txt").write_text("hello 3\nworld 2\n")
+    with pytest.raises(SystemExit) as end:
+        load_benchmark().main([str(tmp_path), "--trained", f"x={tmp_path / 'checkpoint_best.pt'}"])
+    assert end.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"error: {tmp_path} holds no binarized validation split (valid.bin/.idx): pass a prepared bin/"]
