@@ -63,7 +63,9 @@ def validation_blocks(data_bin, block: int = 128, count: int = 32):
 
 
 @torch.no_grad()
-def measure(model, blocks) -> dict:
+def measure(model, blocks, fit_scale: bool = False) -> dict:
+    """The quantities of the module's docstring; with ``fit_scale``, also the best logit scale
+    and the loss there (:func:`best_scale`), from the same forward pass."""
     model.eval()
     tokens, targets = blocks[:, :-1], blocks[:, 1:]
     features, _ = model.decoder.extract_features(tokens, None)
@@ -72,8 +74,11 @@ def measure(model, blocks) -> dict:
     unit = model.decoder.output_layer(features / rms.unsqueeze(-1))
     nats = F.cross_entropy(logits.transpose(1, 2).float(), targets)
     nats_unit = F.cross_entropy(unit.transpose(1, 2).float(), targets)
-    return {"rms": rms.mean().item(), "logit_std": logits.float().std(-1).mean().item(),
-            "loss": nats.item() / math.log(2), "loss_unit_rms": nats_unit.item() / math.log(2)}
+    row = {"rms": rms.mean().item(), "logit_std": logits.float().std(-1).mean().item(),
+           "loss": nats.item() / math.log(2), "loss_unit_rms": nats_unit.item() / math.log(2)}
+    if fit_scale:
+        row["best_scale"], row["loss_best_scale"] = best_scale(logits, targets)
+    return row
 
 
 def best_scale(logits, targets) -> tuple:
@@ -90,16 +95,6 @@ def best_scale(logits, targets) -> tuple:
     return float(found.x), float(found.fun)
 
 
-@torch.no_grad()
-def measure_trained(model, blocks) -> dict:
-    """:func:`measure` plus the best logit scale and the loss there (see the module's docstring)."""
-    model.eval()
-    features, _ = model.decoder.extract_features(blocks[:, :-1], None)
-    logits = model.decoder.output_layer(features)
-    scale, loss_at_scale = best_scale(logits, blocks[:, 1:])
-    return {**measure(model, blocks), "best_scale": scale, "loss_best_scale": loss_at_scale}
-
-
 def checkpoint_spec(text: str) -> tuple:
     """``LABEL=CHECKPOINT`` of ``--trained``."""
     label, sep, path = text.partition("=")
@@ -112,18 +107,14 @@ def trained_table(data_bin, specs) -> None:
     from residual_fairseq import load_language_model
 
     dictionary, blocks = validation_blocks(data_bin, count=None)
-    models = []  # every checkpoint read and checked before the table starts
-    for label, path in specs:
-        model = load_language_model(path, data=data_bin, cpu=True).hub.models[0]
-        if len(model.decoder.dictionary) != len(dictionary):
-            raise UserError(f"{path}: its dictionary has {len(model.decoder.dictionary)} entries, "
-                            f"{data_bin}/dict.txt {len(dictionary)}: not this data's model")
-        models.append((label, model))
+    # every checkpoint read and checked before the table starts (the loader refuses one whose
+    # dictionary is not data_bin's)
+    models = [(label, load_language_model(path, data=data_bin, cpu=True).hub.models[0]) for label, path in specs]
     print(f"{len(blocks)} validation blocks of {blocks.shape[1] - 1} tokens (all of them); vocabulary {len(dictionary)}")
     print("| model | output RMS | logit std | valid loss (bits) | best logit scale | loss at the best scale (bits) |")
     print("|---|---|---|---|---|---|")
     for label, model in models:
-        row = measure_trained(model, blocks)
+        row = measure(model, blocks, fit_scale=True)
         print(f"| {label} | {row['rms']:.3f} | {row['logit_std']:.3f} | {row['loss']:.4f} | "
               f"{row['best_scale']:.3f} | {row['loss_best_scale']:.4f} |")
 
