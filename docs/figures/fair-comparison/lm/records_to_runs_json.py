@@ -12,6 +12,9 @@ predate runs.json, so ended_by is written here)."""
 import json
 import sys
 from pathlib import Path
+
+from residual_fairseq.reproduce.records import best_validation
+
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 records = []
 for seed_dir in sorted(root.glob("*-*l/seed*")):
@@ -20,7 +23,7 @@ for seed_dir in sorted(root.glob("*-*l/seed*")):
     curve = json.loads((seed_dir / "valid-curve.json").read_text())["valid_loss_bits_by_epoch"]
     validations = [{"epoch": int(e), "updates": p["num_updates"], "loss": p["valid_loss"], "bleu": None}
                    for e, p in sorted(curve.items(), key=lambda kv: int(kv[0]))]
-    best = min(reversed(validations), key=lambda p: p["loss"])
+    best = best_validation(validations)
     layers = run["decoder_layers"]
     records.append({"dataset": run["dataset"], "variant": run["variant"], "layers": layers, "seed": run["seed"],
                     "status": "finished", "epochs": validations[-1]["epoch"], "ended_by": "budget",
