@@ -1,10 +1,12 @@
 """The 60-epoch language-model numbers that README and docs/results/fair-comparison.md quote are
 copied by hand: they must say what the committed records (docs/figures/fair-comparison/lm/runs.json)
-give, mean ± std and the pairwise Welch/Holm tests recomputed here in a few lines."""
+give: mean ± std, and every pair's Welch test with reproduce's Holm correction over the 6 tests."""
 import json
 import statistics
 from pathlib import Path
 
+from helpers import markdown_rows
+from residual_fairseq.reproduce.report import NOISE_ALPHA, holm
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "docs" / "figures" / "fair-comparison" / "lm" / "runs.json"
@@ -23,17 +25,6 @@ def cell(values, digits):
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def table_rows(text, header):
-    """The cells of the one table under ``header`` (bold dropped)."""
-    assert text.count(header) == 1, f"not exactly one table headed {header!r}"
-    rows = []
-    for line in text[text.index(header):].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip().replace("**", "") for c in line.strip("|").split("|")])
-    return rows
-
-
 def test_every_six_layer_lm_run_is_in_and_three_seeds_each():
     runs = finished_6_layer_runs()
     assert {variant: [run["seed"] for run in group] for variant, group in runs.items()} == {
@@ -42,7 +33,7 @@ def test_every_six_layer_lm_run_is_in_and_three_seeds_each():
 
 def test_readme_60_epoch_row_is_the_records_mean_and_std():
     runs = finished_6_layer_runs()
-    row = next(r for r in table_rows((ROOT / "README.md").read_text(), "| layers, budget | Post-LN")
+    row = next(r for r in markdown_rows((ROOT / "README.md").read_text(), "| layers, budget | Post-LN")
                if r[0] == "6, 60 epochs")
     assert row[1:] == [cell([run["test_ppl"] for run in runs[v]], 2) for v in ("post_ln", "pre_ln", "resi_dual")]
 
@@ -50,7 +41,7 @@ def test_readme_60_epoch_row_is_the_records_mean_and_std():
 def test_results_page_table_is_the_records_mean_and_std():
     runs = finished_6_layer_runs()
     page = (ROOT / "docs" / "results" / "fair-comparison.md").read_text()
-    rows = table_rows(page, "| 6 layers | seeds | best valid loss (bits/token) | test perplexity | test loss (bits/token) |")
+    rows = markdown_rows(page, "| 6 layers | seeds | best valid loss (bits/token) | test perplexity | test loss (bits/token) |")
     expected = [[NAMES[v], "1 2 3", cell([r["best_valid_loss"] for r in runs[v]], 3), cell([r["test_ppl"] for r in runs[v]], 2),
                  cell([r["test_loss"] for r in runs[v]], 2)] for v in ("post_ln", "pre_ln", "resi_dual")]
     assert rows == expected
@@ -67,16 +58,14 @@ def test_results_page_pairwise_tests_are_welch_with_holm_over_six():
         for a, b in pairs:
             x, y = [value(r) for r in runs[a]], [value(r) for r in runs[b]]
             tests[metric, a, b] = [statistics.mean(x) - statistics.mean(y), ttest_ind(x, y, equal_var=False).pvalue]
-    running = 0.0  # Holm: the k-th smallest p times (m - k), made monotone
-    for k, key in enumerate(sorted(tests, key=lambda key: tests[key][1])):
-        running = max(running, min(1.0, (len(tests) - k) * tests[key][1]))
-        tests[key].append(running)
+    for key, adjusted in zip(tests, holm([p for _, p in tests.values()])):  # one family: all 6 tests
+        tests[key].append(adjusted)
     page = (ROOT / "docs" / "results" / "fair-comparison.md").read_text()
-    rows = table_rows(page, "| pair | test perplexity: difference, p, p (Holm) |")
+    rows = markdown_rows(page, "| pair | test perplexity: difference, p, p (Holm) |")
     expected = []
     for a, b in pairs:
         cells = [f"{tests[m, a, b][0]:+.2f}, {tests[m, a, b][1]:.3f}, {tests[m, a, b][2]:.3f}" for m in metrics]
-        verdict = "beyond seed noise" if max(tests[m, a, b][2] for m in metrics) < 0.05 else "within seed noise"
+        verdict = "beyond seed noise" if max(tests[m, a, b][2] for m in metrics) < NOISE_ALPHA else "within seed noise"
         expected.append([f"{NAMES[a]} − {NAMES[b]}", *cells, verdict])
     assert rows == expected
     readme = " ".join((ROOT / "README.md").read_text().split())

@@ -99,3 +99,17 @@ def user_error(capsys, main, argv, only_line=False):
     assert lines and re.match(r"^(\S+( \S+)?: )?error: ", lines[-1]), lines
     assert len(lines) == 1 or not only_line, err[-3000:]
     return lines[-1]
+
+
+def markdown_rows(text, header_start):
+    """The rows of the one markdown table whose header line starts with ``header_start``, as lists
+    of cells (surrounding bold dropped); fails unless exactly one line starts so."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(header_start)]
+    assert len(starts) == 1, f"{len(starts)} tables headed {header_start!r}, not one"
+    rows = []
+    for line in lines[starts[0] + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("*") for cell in line.strip("|").split("|")])
+    return rows

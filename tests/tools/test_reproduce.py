@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CLI_ENV, REPO, run, user_error
+from helpers import CLI_ENV, REPO, markdown_rows, run, user_error
 from residual_fairseq import reproduce
 from residual_fairseq.reproduce import records as run_records, report
 from residual_fairseq.training_log import validation_curve
@@ -630,25 +630,13 @@ def test_curves_have_a_panel_per_depth_and_keep_the_runs_that_learned_readable(t
     assert "b2t seed 2 (up to nan)" in figure.axes[0].get_xlabel()
 
 
-def _markdown_rows(text, header_start):
-    """The rows of the markdown table whose header line starts with ``header_start``, as lists of cells."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip().strip("*") for cell in line.strip("|").split("|")])
-    return rows
-
-
 @pytest.mark.parametrize("page", ["README.md", "docs/results/converged-lr5e-3.md"])
 def test_readme_summary_of_the_converged_matrix_is_the_published_results_md(page):
     """The mean ± std table in README's summary and in the results page is copied by hand at
     each publication: it must say what results.md says (a stale or mistyped number there is
     what a reader quotes)."""
-    readme = _markdown_rows((REPO / page).read_text(), "| variant | layers | seeds that learned |")
-    published = _markdown_rows((PUBLISHED / "results.md").read_text(), "| dataset | variant | layers | seeds |")
+    readme = markdown_rows((REPO / page).read_text(), "| variant | layers | seeds that learned |")
+    published = markdown_rows((PUBLISHED / "results.md").read_text(), "| dataset | variant | layers | seeds |")
     expected = []
     for dataset, variant, layers, seeds, bleu, chrf, _tok, _vbleu, valid, _last, not_learned, _failed in published:
         learned = [] if seeds == "-" else seeds.split()
@@ -661,9 +649,9 @@ def test_readme_summary_of_the_converged_matrix_is_the_published_results_md(page
 def test_results_page_lists_every_run_as_the_published_runs_md():
     """docs/results/converged-lr5e-3.md copies every run's numbers by hand from the driver's
     runs.md: the two must agree run for run."""
-    page = _markdown_rows((REPO / "docs" / "results" / "converged-lr5e-3.md").read_text(),
+    page = markdown_rows((REPO / "docs" / "results" / "converged-lr5e-3.md").read_text(),
                           "| variant | layers | seed | epochs (ended by) |")
-    published = _markdown_rows((PUBLISHED / "runs.md").read_text(), "| dataset | variant | layers | seed | status |")
+    published = markdown_rows((PUBLISHED / "runs.md").read_text(), "| dataset | variant | layers | seed | status |")
     # The page says "epoch cap" where the driver says "budget" (--max-epoch ended the run).
     expected = sorted([variant, layers, seed, epochs.replace("(budget)", "(epoch cap)"), *numbers]
                       for _dataset, variant, layers, seed, _status, epochs, *numbers in published)
