@@ -1,0 +1,63 @@
+"""The 40-epoch chosen-rate runs' table in docs/results/fair-comparison.md is copied by hand: each row
+must say what the committed records give (docs/figures/fair-comparison/chosen-6l/full-lr-RATE-VARIANT/
+runs.json, Pre-LN's being the check row's dropout-0.1 run), at the rate best-lr chose for that row
+(short-6l/best-lr/selection.json), and chosen-6l/table/ must tabulate exactly those runs."""
+import json
+import re
+from pathlib import Path
+
+from helpers import markdown_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ROOT / "docs" / "figures" / "fair-comparison"
+HEADER = "| variant | lr | epochs 1-10 | epochs 11-20 |"
+
+
+def finished_run(runs_json):
+    runs = [run for run in json.loads(runs_json.read_text()) if run["status"] == "finished"]
+    assert len(runs) == 1, runs_json
+    return runs[0]
+
+
+def chosen_runs():
+    """{variant: (rate, record)} of every finished chosen run."""
+    runs = {"pre_ln": ("5e-3", finished_run(FIGURES / "dropout-0.1" / "runs.json"))}
+    for folder in sorted((FIGURES / "chosen-6l").glob("full-lr-*")):
+        rate, variant = re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z_]+)", folder.name).groups()
+        record = finished_run(folder / "runs.json")
+        assert record["variant"] == variant and record["layers"] == 6 and record["seed"] == 1, folder
+        runs[variant] = (rate, record)
+    return runs
+
+
+def test_every_chosen_run_is_at_the_rate_best_lr_chose():
+    selection = json.loads((FIGURES / "short-6l" / "best-lr" / "selection.json").read_text())
+    chosen = {row["variant"]: row["chosen"] for row in selection["rows"] if row["layers"] == 6}
+    runs = chosen_runs()
+    assert {"pre_ln", "resi_dual", "post_ln"} <= set(runs)
+    assert {variant: rate for variant, (rate, _) in runs.items()} == {variant: chosen[variant] for variant in runs}
+
+
+def test_results_page_rows_are_the_records():
+    runs = chosen_runs()
+    rows = [[cell.replace("**", "") for cell in row]  # (the best of a column is bold)
+            for row in markdown_rows((ROOT / "docs" / "results" / "fair-comparison.md").read_text(), HEADER)]
+    expected = []
+    for variant, (rate, record) in runs.items():
+        losses = {point["epoch"]: point["loss"] for point in record["validations"]}
+        assert sorted(losses) == list(range(1, record["epochs"] + 1))
+        tens = [" ".join(f"{losses[e]:.3f}" for e in range(start, min(start + 10, record["epochs"] + 1)))
+                for start in (1, 11, 21, 31)]
+        expected.append([variant, rate, *tens, f"{record['best_valid_loss']:.3f} (epoch {record['best_epoch']})",
+                         record["ended_by"], f"{record['test_bleu']:.2f} / {record['test_chrf']:.2f}"])
+    assert sorted(rows) == sorted(expected)
+
+
+def test_table_tabulates_exactly_the_chosen_runs():
+    runs = chosen_runs()
+    table = [run for run in json.loads((FIGURES / "chosen-6l" / "table" / "runs.json").read_text())
+             if run["status"] == "finished"]
+    assert sorted(run["variant"] for run in table) == sorted(runs)
+    for run in table:
+        assert run["best_valid_loss"] == runs[run["variant"]][1]["best_valid_loss"]
+        assert run["test_bleu"] == runs[run["variant"]][1]["test_bleu"]
