@@ -7,14 +7,20 @@ import re
 from pathlib import Path
 
 from helpers import markdown_rows
+from residual_fairseq.reproduce.records import read_finished_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "docs" / "figures" / "fair-comparison"
 HEADER = "| variant | lr | epochs 1-10 | epochs 11-20 |"
 
 
-def finished_run(runs_json, seed=1):
-    runs = [run for run in json.loads(runs_json.read_text()) if run["status"] == "finished" and run["seed"] == seed]
+def seed_1_runs(runs_json):
+    """The finished seed-1 records of a runs.json, read as reproduce reads a --finished-runs file."""
+    return [record for (_, _, _, seed), (record, _) in read_finished_runs([runs_json]).items() if seed == 1]
+
+
+def finished_run(runs_json):
+    runs = seed_1_runs(runs_json)
     assert len(runs) == 1, runs_json
     return runs[0]
 
@@ -55,8 +61,7 @@ def test_results_page_rows_are_the_records():
 
 def test_table_tabulates_exactly_the_chosen_runs():
     runs = chosen_runs()
-    table = [run for run in json.loads((FIGURES / "chosen-6l" / "table" / "runs.json").read_text())
-             if run["status"] == "finished" and run["seed"] == 1]
+    table = seed_1_runs(FIGURES / "chosen-6l" / "table" / "runs.json")
     assert sorted(run["variant"] for run in table) == sorted(runs)
     for run in table:
         assert run["best_valid_loss"] == runs[run["variant"]][1]["best_valid_loss"]

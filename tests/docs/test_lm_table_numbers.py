@@ -1,11 +1,11 @@
 """The 60-epoch language-model numbers that README and docs/results/fair-comparison.md quote are
 copied by hand: they must say what the committed records (docs/figures/fair-comparison/lm/runs.json)
 give: mean ± std, and every pair's Welch test with reproduce's Holm correction over the 6 tests."""
-import json
 import statistics
 from pathlib import Path
 
 from helpers import markdown_rows
+from residual_fairseq.reproduce.records import read_finished_runs
 from residual_fairseq.reproduce.report import NOISE_ALPHA, holm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,10 +14,10 @@ NAMES = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
 
 
 def finished_6_layer_runs():
-    runs = [run for run in json.loads(RECORDS.read_text()) if run["layers"] == 6 and run["status"] == "finished"]
     by_variant = {}
-    for run in runs:
-        by_variant.setdefault(run["variant"], []).append(run)
+    for (_, variant, layers, _), (run, _) in read_finished_runs([RECORDS]).items():
+        if layers == 6:
+            by_variant.setdefault(variant, []).append(run)
     return {variant: sorted(runs, key=lambda run: run["seed"]) for variant, runs in by_variant.items()}
 
 
