@@ -1,7 +1,8 @@
 """The 40-epoch chosen-rate runs' table in docs/results/fair-comparison.md is copied by hand: each row
 must say what the committed records give (docs/figures/fair-comparison/chosen-6l/full-lr-RATE-VARIANT/
-runs.json, Pre-LN's being the check row's dropout-0.1 run), at the rate best-lr chose for that row
-(short-6l/best-lr/selection.json), and chosen-6l/table/ must tabulate exactly those runs."""
+runs.json; Pre-LN's seed 1 is the check row's dropout-0.1 run, so its full-lr-5e-3-pre_ln holds seeds
+2-3 only), at the rate best-lr chose for that row (short-6l/best-lr/selection.json), and
+chosen-6l/table/ must tabulate exactly those runs."""
 import json
 import re
 from pathlib import Path
@@ -30,6 +31,9 @@ def chosen_runs():
     runs = {"pre_ln": ("5e-3", finished_run(FIGURES / "dropout-0.1" / "runs.json"))}
     for folder in sorted((FIGURES / "chosen-6l").glob("full-lr-*")):
         rate, variant = re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z_]+)", folder.name).groups()
+        if variant == "pre_ln":  # seeds 2 and 3 only: its seed 1 is the check row's run above
+            assert rate == runs["pre_ln"][0] and not seed_1_runs(folder / "runs.json"), folder
+            continue
         record = finished_run(folder / "runs.json")
         assert record["variant"] == variant and record["layers"] == 6, folder
         runs[variant] = (rate, record)
