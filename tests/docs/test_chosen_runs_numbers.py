@@ -30,7 +30,7 @@ def chosen_runs():
     """{variant: (rate, record)} of every finished chosen seed-1 run."""
     runs = {"pre_ln": ("5e-3", finished_run(FIGURES / "dropout-0.1" / "runs.json"))}
     for folder in sorted((FIGURES / "chosen-6l").glob("full-lr-*")):
-        rate, variant = re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z_]+)", folder.name).groups()
+        rate, variant = re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z0-9_]+)", folder.name).groups()
         if variant == "pre_ln":  # seeds 2 and 3 only: its seed 1 is the check row's run above
             assert rate == runs["pre_ln"][0] and not seed_1_runs(folder / "runs.json"), folder
             continue
