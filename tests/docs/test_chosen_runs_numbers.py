@@ -15,6 +15,11 @@ FIGURES = ROOT / "docs" / "figures" / "fair-comparison"
 HEADER = "| variant | lr | epochs 1-10 | epochs 11-20 |"
 
 
+def rate_and_variant(folder):
+    """("2e-3", "b2t") of a chosen-6l/full-lr-2e-3-b2t folder."""
+    return re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z0-9_]+)", folder.name).groups()
+
+
 def seed_1_runs(runs_json):
     """The finished seed-1 records of a runs.json, read as reproduce reads a --finished-runs file."""
     return [record for (_, _, _, seed), (record, _) in read_finished_runs([runs_json]).items() if seed == 1]
@@ -30,7 +35,7 @@ def chosen_runs():
     """{variant: (rate, record)} of every finished chosen seed-1 run."""
     runs = {"pre_ln": ("5e-3", finished_run(FIGURES / "dropout-0.1" / "runs.json"))}
     for folder in sorted((FIGURES / "chosen-6l").glob("full-lr-*")):
-        rate, variant = re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z0-9_]+)", folder.name).groups()
+        rate, variant = rate_and_variant(folder)
         if variant == "pre_ln":  # seeds 2 and 3 only: its seed 1 is the check row's run above
             assert rate == runs["pre_ln"][0] and not seed_1_runs(folder / "runs.json"), folder
             continue
@@ -70,3 +75,25 @@ def test_table_tabulates_exactly_the_chosen_runs():
     for run in table:
         assert run["best_valid_loss"] == runs[run["variant"]][1]["best_valid_loss"]
         assert run["test_bleu"] == runs[run["variant"]][1]["test_bleu"]
+
+
+SEEDS_HEADER = "| variant | lr | seed | best valid loss | ended by |"
+
+
+def test_seeds_2_and_3_rows_are_the_records():
+    """The page's seeds-2-3 table has one row per finished seed-2 or seed-3 run of the chosen folders, each as
+    its record says, at the folder's (the chosen) rate."""
+    expected = []
+    for folder in sorted((FIGURES / "chosen-6l").glob("full-lr-*")):
+        rate, variant = rate_and_variant(folder)
+        for (_, _, layers, seed), (record, _) in read_finished_runs([folder / "runs.json"]).items():
+            if seed == 1:
+                continue
+            assert record["variant"] == variant and layers == 6, folder
+            losses = {point["epoch"]: point["loss"] for point in record["validations"]}
+            gained = losses[record["epochs"] - 10] - losses[record["epochs"]]
+            expected.append([variant, rate, str(seed), f"{record['best_valid_loss']:.3f} (epoch {record['best_epoch']})",
+                             record["ended_by"], f"{gained:.3f}", f"{record['test_bleu']:.2f} / {record['test_chrf']:.2f}"])
+    rows = [[cell.replace("**", "") for cell in row]
+            for row in markdown_rows((ROOT / "docs" / "results" / "fair-comparison.md").read_text(), SEEDS_HEADER)]
+    assert expected and sorted(rows) == sorted(expected)
