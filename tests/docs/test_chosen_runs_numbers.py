@@ -2,7 +2,7 @@
 must say what the committed records give (docs/figures/fair-comparison/chosen-6l/full-lr-RATE-VARIANT/
 runs.json; Pre-LN's seed 1 is the check row's dropout-0.1 run, so its full-lr-5e-3-pre_ln holds seeds
 2-3 only), at the rate best-lr chose for that row (short-6l/best-lr/selection.json), and
-chosen-6l/table/ must tabulate exactly those runs."""
+chosen-6l/table/ must tabulate exactly those runs. The page's seeds-2-3 table is checked the same way."""
 import json
 import re
 from pathlib import Path
