@@ -20,6 +20,12 @@ def rate_and_variant(folder):
     return re.fullmatch(r"full-lr-([0-9]+e-[0-9]+)-([a-z0-9_]+)", folder.name).groups()
 
 
+def page_rows(header):
+    """The rows of the results page's table under header, bold removed (the best of a column is bold)."""
+    return [[cell.replace("**", "") for cell in row]
+            for row in markdown_rows((ROOT / "docs" / "results" / "fair-comparison.md").read_text(), header)]
+
+
 def seed_1_runs(runs_json):
     """The finished seed-1 records of a runs.json, read as reproduce reads a --finished-runs file."""
     return [record for (_, _, _, seed), (record, _) in read_finished_runs([runs_json]).items() if seed == 1]
@@ -55,8 +61,7 @@ def test_every_chosen_run_is_at_the_rate_best_lr_chose():
 
 def test_results_page_rows_are_the_records():
     runs = chosen_runs()
-    rows = [[cell.replace("**", "") for cell in row]  # (the best of a column is bold)
-            for row in markdown_rows((ROOT / "docs" / "results" / "fair-comparison.md").read_text(), HEADER)]
+    rows = page_rows(HEADER)
     expected = []
     for variant, (rate, record) in runs.items():
         losses = {point["epoch"]: point["loss"] for point in record["validations"]}
@@ -94,6 +99,5 @@ def test_seeds_2_and_3_rows_are_the_records():
             gained = losses[record["epochs"] - 10] - losses[record["epochs"]]
             expected.append([variant, rate, str(seed), f"{record['best_valid_loss']:.3f} (epoch {record['best_epoch']})",
                              record["ended_by"], f"{gained:.3f}", f"{record['test_bleu']:.2f} / {record['test_chrf']:.2f}"])
-    rows = [[cell.replace("**", "") for cell in row]
-            for row in markdown_rows((ROOT / "docs" / "results" / "fair-comparison.md").read_text(), SEEDS_HEADER)]
+    rows = page_rows(SEEDS_HEADER)
     assert expected and sorted(rows) == sorted(expected)
