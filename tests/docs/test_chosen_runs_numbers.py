@@ -2,8 +2,10 @@
 must say what the committed records give (docs/figures/fair-comparison/chosen-6l/full-lr-RATE-VARIANT/
 runs.json; Pre-LN's seed 1 is the check row's dropout-0.1 run, so its full-lr-5e-3-pre_ln holds seeds
 2-3 only), at the rate best-lr chose for that row (short-6l/best-lr/selection.json), and
-chosen-6l/table/ must tabulate exactly those runs. The page's seeds-2-3 table is checked the same way."""
+chosen-6l/table/ must tabulate exactly those runs. The page's seeds-2-3 table is checked the same way,
+and its summary table ("the table so far") against the mean ± std of chosen-6l/table/'s runs."""
 import json
+import statistics
 import re
 from pathlib import Path
 
@@ -101,3 +103,30 @@ def test_seeds_2_and_3_rows_are_the_records():
                              record["ended_by"], f"{gained:.3f}", f"{record['test_bleu']:.2f} / {record['test_chrf']:.2f}"])
     rows = page_rows(SEEDS_HEADER)
     assert expected and sorted(rows) == sorted(expected)
+
+
+SO_FAR_HEADER = "| 6 layers, each at its own rate | lr | seeds | test sacreBLEU | test chrF | best valid loss |"
+
+
+def mean_std(values, digits):
+    """A table cell: mean ± std over two seeds or more, the value itself for one."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def test_table_so_far_is_the_tabulated_runs_mean_and_std():
+    """The page's summary table has one row per variant of chosen-6l/table/, at its chosen rate, with the mean ± std
+    of that variant's finished seeds there (so a seed added to the records without remaking the row fails)."""
+    rates = {"pre_ln": "5e-3", **{variant: rate for rate, variant in
+                                  map(rate_and_variant, (FIGURES / "chosen-6l").glob("full-lr-*"))}}
+    by_variant = {}
+    for (_, variant, _, _), (record, _) in read_finished_runs([FIGURES / "chosen-6l" / "table" / "runs.json"]).items():
+        by_variant.setdefault(variant, []).append(record)
+    expected = []
+    for variant, records in by_variant.items():
+        records.sort(key=lambda record: record["seed"])
+        expected.append([variant, rates[variant], " ".join(str(record["seed"]) for record in records),
+                         mean_std([r["test_bleu"] for r in records], 2), mean_std([r["test_chrf"] for r in records], 2),
+                         mean_std([r["best_valid_loss"] for r in records], 3)])
+    assert len(expected) == 6 and sorted(page_rows(SO_FAR_HEADER)) == sorted(expected)
