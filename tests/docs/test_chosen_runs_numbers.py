@@ -5,8 +5,8 @@ runs.json; Pre-LN's seed 1 is the check row's dropout-0.1 run, so its full-lr-5e
 chosen-6l/table/ must tabulate exactly those runs. The page's seeds-2-3 table is checked the same way,
 and its summary table ("the table so far") against the mean ± std of chosen-6l/table/'s runs."""
 import json
-import statistics
 import re
+import statistics
 from pathlib import Path
 
 from helpers import markdown_rows
@@ -118,8 +118,7 @@ def mean_std(values, digits):
 def test_table_so_far_is_the_tabulated_runs_mean_and_std():
     """The page's summary table has one row per variant of chosen-6l/table/, at its chosen rate, with the mean ± std
     of that variant's finished seeds there (so a seed added to the records without remaking the row fails)."""
-    rates = {"pre_ln": "5e-3", **{variant: rate for rate, variant in
-                                  map(rate_and_variant, (FIGURES / "chosen-6l").glob("full-lr-*"))}}
+    rates = {variant: rate for variant, (rate, _) in chosen_runs().items()}
     by_variant = {}
     for (_, variant, _, _), (record, _) in read_finished_runs([FIGURES / "chosen-6l" / "table" / "runs.json"]).items():
         by_variant.setdefault(variant, []).append(record)
