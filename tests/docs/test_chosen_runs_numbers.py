@@ -3,7 +3,8 @@ must say what the committed records give (docs/figures/fair-comparison/chosen-6l
 runs.json; Pre-LN's seed 1 is the check row's dropout-0.1 run, so its full-lr-5e-3-pre_ln holds seeds
 2-3 only), at the rate best-lr chose for that row (short-6l/best-lr/selection.json), and
 chosen-6l/table/ must tabulate exactly those runs. The page's seeds-2-3 table is checked the same way,
-and its summary table ("the table so far") against the mean ± std of chosen-6l/table/'s runs."""
+and its two tables side by side against the mean ± std of the runs that learned: the same-rate half against the
+converged matrix's records (docs/figures/baselines/converged/runs.json), the own-rate half against chosen-6l/table/'s."""
 import json
 import re
 import statistics
@@ -105,27 +106,46 @@ def test_seeds_2_and_3_rows_are_the_records():
     assert expected and sorted(rows) == sorted(expected)
 
 
-SO_FAR_HEADER = "| 6 layers, each at its own rate | lr | seeds | test sacreBLEU | test chrF | best valid loss |"
+TWO_TABLES_HEADER = "| 6 layers | same rate: lr | learned | test sacreBLEU | test chrF | best valid loss | own rate: lr |"
 
 
 def mean_std(values, digits):
-    """A table cell: mean ± std over two seeds or more, the value itself for one."""
+    """A table cell: mean ± std over two seeds or more, the value itself for one, "-" for none."""
+    if not values:
+        return "-"
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def test_table_so_far_is_the_tabulated_runs_mean_and_std():
-    """The page's summary table has one row per variant of chosen-6l/table/, at its chosen rate, with the mean ± std
-    of that variant's finished seeds there (so a seed added to the records without remaking the row fails)."""
-    rates = {variant: rate for variant, (rate, _) in chosen_runs().items()}
+def cells(records):
+    """The sacreBLEU, chrF and best-valid-loss cells over records (seed order does not change them)."""
+    return [mean_std([r["test_bleu"] for r in records], 2), mean_std([r["test_chrf"] for r in records], 2),
+            mean_std([r["best_valid_loss"] for r in records], 3)]
+
+
+def six_layer_runs(runs_json):
+    """{variant: [finished 6-layer records, by seed]} of a runs.json, read as reproduce reads a --finished-runs file."""
     by_variant = {}
-    for (_, variant, _, _), (record, _) in read_finished_runs([FIGURES / "chosen-6l" / "table" / "runs.json"]).items():
-        by_variant.setdefault(variant, []).append(record)
+    for (_, variant, layers, _), (record, _) in sorted(read_finished_runs([runs_json]).items()):
+        if layers == 6:
+            by_variant.setdefault(variant, []).append(record)
+    return by_variant
+
+
+def test_two_tables_are_the_records_mean_and_std():
+    """The page's side-by-side table: per variant, the same-rate half is the converged matrix's 6-layer runs (how many of
+    three learned, mean ± std over those), the own-rate half chosen-6l/table/'s at the row's chosen rate (mean ± std of
+    the finished seeds, every one of which learned). A seed added to the records without remaking the row fails."""
+    rates = {variant: rate for variant, (rate, _) in chosen_runs().items()}
+    same_rate = six_layer_runs(FIGURES.parent / "baselines" / "converged" / "runs.json")
+    own_rate = six_layer_runs(FIGURES / "chosen-6l" / "table" / "runs.json")
+    assert set(same_rate) == set(own_rate) == set(rates) and len(rates) == 6
     expected = []
-    for variant, records in by_variant.items():
-        records.sort(key=lambda record: record["seed"])
-        expected.append([variant, rates[variant], " ".join(str(record["seed"]) for record in records),
-                         mean_std([r["test_bleu"] for r in records], 2), mean_std([r["test_chrf"] for r in records], 2),
-                         mean_std([r["best_valid_loss"] for r in records], 3)])
-    assert len(expected) == 6 and sorted(page_rows(SO_FAR_HEADER)) == sorted(expected)
+    for variant, records in own_rate.items():
+        assert all(record["status"] == "finished" for record in records), variant
+        learned = [record for record in same_rate[variant] if record["status"] == "finished"]
+        assert len(same_rate[variant]) == 3
+        expected.append([variant, "5e-3", f"{len(learned)} of 3", *cells(learned),
+                         rates[variant], " ".join(str(record["seed"]) for record in records), *cells(records)])
+    assert sorted(page_rows(TWO_TABLES_HEADER)) == sorted(expected)
